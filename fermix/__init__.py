@@ -1,0 +1,1 @@
+"""fermix: durable conversation memory and long-term user facts for chat-bot hosts."""

@@ -1,0 +1,193 @@
+-- fermix schema, as numbered migrations.
+--
+-- Each block starts with a line "-- migration N: name" and runs in its own transaction,
+-- together with its row in schema_migrations and PRAGMA user_version = N.
+-- Never edit a released block: add a new one. Times are integer milliseconds since the epoch.
+
+-- migration 1: initial tables of the seed
+CREATE TABLE schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at INTEGER NOT NULL
+);
+
+CREATE TABLE messages (
+    id            INTEGER PRIMARY KEY,
+    agent_id      TEXT NOT NULL,
+    owner_id      TEXT NOT NULL DEFAULT '',
+    channel       TEXT NOT NULL,
+    chat_id       TEXT NOT NULL,
+    thread_scope  TEXT NOT NULL DEFAULT '',
+    sender        TEXT NOT NULL DEFAULT '',
+    role          TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system', 'tool')),
+    kind          TEXT NOT NULL DEFAULT 'chat',
+    content       TEXT NOT NULL,
+    metadata_json TEXT NOT NULL DEFAULT '{}',
+    created_at    INTEGER NOT NULL
+);
+CREATE INDEX messages_conversation
+    ON messages (agent_id, channel, chat_id, thread_scope, created_at, id);
+
+-- porter over unicode61: stemming measured best by bench/recall.py (see README).
+CREATE VIRTUAL TABLE messages_fts USING fts5 (
+    content,
+    content = 'messages',
+    content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+END;
+CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+END;
+CREATE TRIGGER messages_au AFTER UPDATE OF content ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+END;
+
+CREATE TABLE memory_sources (
+    id          INTEGER PRIMARY KEY,
+    agent_id    TEXT NOT NULL,
+    owner_id    TEXT NOT NULL DEFAULT '',
+    source_type TEXT NOT NULL CHECK (source_type IN ('conversation', 'job', 'realtime', 'operator')),
+    name        TEXT NOT NULL,
+    description TEXT NOT NULL DEFAULT '',
+    created_at  INTEGER NOT NULL,
+    UNIQUE (agent_id, source_type, name)
+);
+
+CREATE TABLE memories (
+    id                 INTEGER PRIMARY KEY,
+    agent_id           TEXT NOT NULL,
+    owner_id           TEXT NOT NULL DEFAULT '',
+    scope_type         TEXT NOT NULL CHECK (scope_type IN ('owner', 'agent', 'conversation', 'job')),
+    scope_id           TEXT NOT NULL,
+    category           TEXT NOT NULL CHECK (category IN
+                           ('identity', 'preference', 'interest', 'goal', 'context', 'directive')),
+    key                TEXT NOT NULL,
+    value              TEXT NOT NULL,
+    confidence         REAL NOT NULL DEFAULT 1.0,
+    promote_target     TEXT CHECK (promote_target IN ('user_md', 'memory_md')),
+    source_id          INTEGER REFERENCES memory_sources (id) ON DELETE SET NULL,
+    source_type        TEXT,
+    source_name        TEXT,
+    source_description TEXT,
+    session_id         TEXT,
+    run_id             INTEGER,
+    source_message_id  INTEGER,
+    archived_at        INTEGER,
+    archived_by        TEXT,
+    archive_reason     TEXT,
+    created_at         INTEGER NOT NULL,
+    updated_at         INTEGER NOT NULL,
+    UNIQUE (agent_id, owner_id, scope_type, scope_id, key)
+);
+CREATE INDEX memories_scope ON memories (agent_id, scope_type, scope_id, archived_at);
+
+CREATE VIRTUAL TABLE memories_fts USING fts5 (
+    key,
+    value,
+    content = 'memories',
+    content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN
+    INSERT INTO memories_fts (rowid, key, value) VALUES (new.id, new.key, new.value);
+END;
+CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN
+    INSERT INTO memories_fts (memories_fts, rowid, key, value)
+        VALUES ('delete', old.id, old.key, old.value);
+END;
+CREATE TRIGGER memories_au AFTER UPDATE OF key, value ON memories BEGIN
+    INSERT INTO memories_fts (memories_fts, rowid, key, value)
+        VALUES ('delete', old.id, old.key, old.value);
+    INSERT INTO memories_fts (rowid, key, value) VALUES (new.id, new.key, new.value);
+END;
+
+CREATE TABLE scheduled_jobs (
+    id               INTEGER PRIMARY KEY,
+    agent_id         TEXT NOT NULL,
+    owner_id         TEXT NOT NULL DEFAULT '',
+    name             TEXT NOT NULL,
+    schedule         TEXT NOT NULL,
+    prompt           TEXT NOT NULL,
+    memory_source_id INTEGER NOT NULL REFERENCES memory_sources (id),
+    enabled          INTEGER NOT NULL DEFAULT 1 CHECK (enabled IN (0, 1)),
+    next_run_at      INTEGER,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    UNIQUE (agent_id, name)
+);
+
+CREATE TABLE job_runs (
+    id          INTEGER PRIMARY KEY,
+    job_id      INTEGER NOT NULL REFERENCES scheduled_jobs (id) ON DELETE CASCADE,
+    status      TEXT NOT NULL CHECK (status IN ('running', 'succeeded', 'failed')),
+    output      TEXT NOT NULL DEFAULT '',
+    error       TEXT,
+    started_at  INTEGER NOT NULL,
+    finished_at INTEGER
+);
+CREATE INDEX job_runs_job ON job_runs (job_id, started_at);
+
+CREATE TABLE resources (
+    id               INTEGER PRIMARY KEY,
+    agent_id         TEXT NOT NULL,
+    name             TEXT NOT NULL CHECK (name IN ('user_md', 'memory_md')),
+    current_revision INTEGER NOT NULL DEFAULT 0,
+    updated_at       INTEGER NOT NULL,
+    UNIQUE (agent_id, name)
+);
+
+CREATE TABLE resource_revisions (
+    id           INTEGER PRIMARY KEY,
+    resource_id  INTEGER NOT NULL REFERENCES resources (id) ON DELETE CASCADE,
+    revision     INTEGER NOT NULL,
+    content      TEXT NOT NULL,
+    content_sha1 TEXT NOT NULL,
+    reason       TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    UNIQUE (resource_id, revision)
+);
+
+-- migration 2: per-conversation state and the memory change counter
+-- One row per conversation key: its window, the reviewer's gates and claim (E2), the
+-- compactor's recorded peak and backoff (K3). Gates live here so they hold across processes.
+CREATE TABLE conversations (
+    agent_id                 TEXT NOT NULL,
+    channel                  TEXT NOT NULL,
+    chat_id                  TEXT NOT NULL,
+    thread_scope             TEXT NOT NULL DEFAULT '',
+    owner_id                 TEXT NOT NULL DEFAULT '',
+    trust                    TEXT NOT NULL DEFAULT 'operator' CHECK (trust IN ('operator', 'guest')),
+    window_start_id          INTEGER NOT NULL DEFAULT 0,
+    checkpoint_message_id    INTEGER REFERENCES messages (id),
+    last_reviewed_at         INTEGER,
+    last_reviewed_message_id INTEGER NOT NULL DEFAULT 0,
+    review_failed_at         INTEGER,
+    review_claim_token       TEXT,
+    review_claim_expires_at  INTEGER,
+    peak_prompt_tokens       INTEGER,
+    compaction_failed_at     INTEGER,
+    created_at               INTEGER NOT NULL,
+    updated_at               INTEGER NOT NULL,
+    PRIMARY KEY (agent_id, channel, chat_id, thread_scope)
+) WITHOUT ROWID;
+
+-- Bumped by every write to memories, so a cache in any process can tell in one read
+-- whether the rows it holds are still current (A3).
+CREATE TABLE memory_changes (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    counter INTEGER NOT NULL
+);
+INSERT INTO memory_changes (id, counter) VALUES (1, 0);
+CREATE TRIGGER memories_count_ai AFTER INSERT ON memories BEGIN
+    UPDATE memory_changes SET counter = counter + 1 WHERE id = 1;
+END;
+CREATE TRIGGER memories_count_au AFTER UPDATE ON memories BEGIN
+    UPDATE memory_changes SET counter = counter + 1 WHERE id = 1;
+END;
+CREATE TRIGGER memories_count_ad AFTER DELETE ON memories BEGIN
+    UPDATE memory_changes SET counter = counter + 1 WHERE id = 1;
+END;

@@ -1,0 +1,125 @@
+"""Opening the database: one small named function per connection setting (S8).
+
+WAL lets readers run beside the one writer; the busy timeout lets several processes (a
+host, the CLI) share the file; foreign keys hold references; ``synchronous=NORMAL`` is
+durable across process crashes in WAL mode (a power cut may lose the last commits, never
+corrupt the file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from fermix.errors import StorageError
+
+BUSY_TIMEOUT_MS = 5_000
+SYNCHRONOUS = "NORMAL"
+
+
+def set_wal(conn: apsw.Connection) -> None:
+    """Put the database in write-ahead-log mode (persistent, so a no-op after the first)."""
+    mode = conn.execute("PRAGMA journal_mode = WAL").fetchall()[0][0]
+    if str(mode).lower() != "wal":
+        raise StorageError(f"could not switch the database to WAL mode (got {mode!r})")
+
+
+def set_busy_timeout(conn: apsw.Connection, ms: int = BUSY_TIMEOUT_MS) -> None:
+    """Wait up to ``ms`` for another connection's lock instead of failing at once."""
+    conn.set_busy_timeout(ms)
+
+
+def set_foreign_keys(conn: apsw.Connection) -> None:
+    """Enforce REFERENCES clauses (off by default in SQLite)."""
+    conn.execute("PRAGMA foreign_keys = ON")
+
+
+def set_synchronous(conn: apsw.Connection, level: str = SYNCHRONOUS) -> None:
+    """Set how often SQLite fsyncs; NORMAL is safe against process crashes under WAL."""
+    conn.execute(f"PRAGMA synchronous = {level}")
+
+
+def refuse_double_quoted_strings(conn: apsw.Connection) -> None:
+    """Make ``"text"`` an identifier only, never a string literal (catches typos early)."""
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+
+
+def connect(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
+    """Open ``path`` with every setting applied, without touching the schema."""
+    conn = raw_connect(path, vfs=vfs)
+    apply_settings(conn)
+    return conn
+
+
+def raw_connect(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
+    """Open ``path`` with no pragma applied (the migration check reads before it writes)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+    try:
+        if vfs is None:
+            return apsw.Connection(str(path), flags=flags)
+        return apsw.Connection(str(path), flags=flags, vfs=vfs)
+    except apsw.Error as exc:
+        raise StorageError(f"cannot open database {path}: {exc}") from exc
+
+
+def apply_settings(conn: apsw.Connection) -> None:
+    """Apply every connection setting, in a fixed order."""
+    set_busy_timeout(conn)
+    refuse_double_quoted_strings(conn)
+    set_wal(conn)
+    set_foreign_keys(conn)
+    set_synchronous(conn)
+
+
+def open_database(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
+    """Open ``path``, refuse it if it is newer than this fermix, then apply migrations."""
+    from fermix.storage.migrations import check_version, migrate
+
+    conn = raw_connect(path, vfs=vfs)
+    try:
+        check_version(conn)
+        apply_settings(conn)
+        migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextlib.contextmanager
+def transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
+    """Run the block as one write transaction, taking the write lock up front.
+
+    ``BEGIN IMMEDIATE`` waits (up to the busy timeout) for other writers instead of
+    failing later when a read would have to upgrade to a write. On any error the
+    transaction is rolled back and the original error propagates unchanged.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def fetch_value(conn: apsw.Connection, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    """The first column of the first row ``sql`` returns (None when it returns no row)."""
+    for row in conn.execute(sql, params):
+        return row[0]
+    return None
+
+
+def fetch_rows(
+    conn: apsw.Connection, sql: str, params: tuple[Any, ...] | list[Any] = ()
+) -> list[tuple[Any, ...]]:
+    """Every row ``sql`` returns, as plain tuples."""
+    return [tuple(row) for row in conn.execute(sql, params)]

@@ -1,0 +1,226 @@
+"""``memory_sources``, ``scheduled_jobs`` and ``job_runs`` (S6, SC1).
+
+A scheduled job owns a memory source; rows the job writes live at job scope with that
+source's id as scope id, so a run sees only its own memories (T2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from fermix import validate
+from fermix.clock import now_ms
+from fermix.errors import InvalidInputError, NotFoundError
+from fermix.storage.connection import fetch_rows
+
+SOURCE_TYPES = ("conversation", "job", "realtime", "operator")
+RUN_STATUSES = ("running", "succeeded", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySource:
+    """A named origin of memory rows (a conversation, a scheduled job, a device)."""
+
+    id: int
+    agent_id: str
+    owner_id: str
+    source_type: str
+    name: str
+    description: str
+    created_at: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledJob:
+    """A job the host runs on a schedule, with its own memory source."""
+
+    id: int
+    agent_id: str
+    owner_id: str
+    name: str
+    schedule: str
+    prompt: str
+    memory_source_id: int
+    enabled: bool
+    next_run_at: int | None
+    created_at: int
+    updated_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    """One run of a scheduled job."""
+
+    id: int
+    job_id: int
+    status: str
+    output: str
+    error: str | None
+    started_at: int
+    finished_at: int | None
+
+
+_SOURCE_COLS = "id, agent_id, owner_id, source_type, name, description, created_at"
+_JOB_COLS = (
+    "id, agent_id, owner_id, name, schedule, prompt, memory_source_id, enabled, next_run_at,"
+    " created_at, updated_at"
+)
+_RUN_COLS = "id, job_id, status, output, error, started_at, finished_at"
+
+
+def ensure_source(
+    conn: apsw.Connection,
+    *,
+    agent_id: str,
+    source_type: str,
+    name: str,
+    owner_id: str = "",
+    description: str = "",
+    now: int | None = None,
+) -> MemorySource:
+    """The source with this agent, type and name, created if missing (caller's transaction)."""
+    validate.identifier("agent_id", agent_id)
+    validate.identifier("owner_id", owner_id, allow_empty=True)
+    validate.text("name", name, max_chars=200, allow_empty=False)
+    validate.text("description", description, max_chars=2000)
+    if source_type not in SOURCE_TYPES:
+        raise InvalidInputError(f"source_type must be one of {SOURCE_TYPES}, not {source_type!r}")
+    conn.execute(
+        "INSERT INTO memory_sources (agent_id, owner_id, source_type, name, description,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent_id, source_type, name)"
+        " DO NOTHING",
+        (agent_id, owner_id, source_type, name, description, now_ms() if now is None else now),
+    )
+    row = fetch_rows(
+        conn,
+        f"SELECT {_SOURCE_COLS} FROM memory_sources WHERE agent_id = ? AND source_type = ?"
+        " AND name = ?",
+        (agent_id, source_type, name),
+    )[0]
+    return MemorySource(*row)
+
+
+def get_source(conn: apsw.Connection, source_id: int) -> MemorySource | None:
+    """The source with ``source_id``, or None."""
+    rows = fetch_rows(conn, f"SELECT {_SOURCE_COLS} FROM memory_sources WHERE id = ?", (source_id,))
+    return MemorySource(*rows[0]) if rows else None
+
+
+def list_sources(
+    conn: apsw.Connection, *, agent_id: str, owner_id: str | None = None
+) -> list[MemorySource]:
+    """Sources of an agent; with ``owner_id``, those of that owner and the agent's shared ones."""
+    sql = f"SELECT {_SOURCE_COLS} FROM memory_sources WHERE agent_id = ?"
+    params: list[Any] = [agent_id]
+    if owner_id is not None:
+        sql += " AND owner_id IN (?, '')"
+        params.append(owner_id)
+    return [MemorySource(*r) for r in fetch_rows(conn, sql + " ORDER BY id", params)]
+
+
+def create_job(
+    conn: apsw.Connection,
+    *,
+    agent_id: str,
+    name: str,
+    schedule: str,
+    prompt: str,
+    owner_id: str = "",
+    now: int | None = None,
+) -> ScheduledJob:
+    """Create a scheduled job and its memory source, in the caller's transaction."""
+    validate.text("schedule", schedule, max_chars=200, allow_empty=False)
+    validate.text("prompt", prompt, max_chars=100_000, allow_empty=False)
+    ts = now_ms() if now is None else now
+    source = ensure_source(
+        conn, agent_id=agent_id, source_type="job", name=name, owner_id=owner_id, now=ts
+    )
+    try:
+        row = fetch_rows(
+            conn,
+            "INSERT INTO scheduled_jobs (agent_id, owner_id, name, schedule, prompt,"
+            " memory_source_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            f" RETURNING {_JOB_COLS}",
+            (agent_id, owner_id, name, schedule, prompt, source.id, ts, ts),
+        )[0]
+    except apsw.ConstraintError:
+        raise InvalidInputError(f"agent {agent_id!r} already has a job named {name!r}") from None
+    return _job(row)
+
+
+def _job(row: tuple[Any, ...]) -> ScheduledJob:
+    values = list(row)
+    values[7] = bool(values[7])
+    return ScheduledJob(*values)
+
+
+def get_job(conn: apsw.Connection, job_id: int) -> ScheduledJob:
+    """The job with ``job_id``, or :class:`NotFoundError`."""
+    rows = fetch_rows(conn, f"SELECT {_JOB_COLS} FROM scheduled_jobs WHERE id = ?", (job_id,))
+    if not rows:
+        raise NotFoundError(f"no scheduled job with id {job_id}")
+    return _job(rows[0])
+
+
+def list_jobs(conn: apsw.Connection, *, agent_id: str | None = None) -> list[ScheduledJob]:
+    """Scheduled jobs, of one agent when given."""
+    sql = f"SELECT {_JOB_COLS} FROM scheduled_jobs"
+    params: tuple[Any, ...] = ()
+    if agent_id is not None:
+        sql += " WHERE agent_id = ?"
+        params = (agent_id,)
+    return [_job(r) for r in fetch_rows(conn, sql + " ORDER BY id", params)]
+
+
+def start_run(conn: apsw.Connection, job_id: int, *, now: int | None = None) -> JobRun:
+    """Record that a run of ``job_id`` started (caller's transaction)."""
+    get_job(conn, job_id)
+    row = fetch_rows(
+        conn,
+        f"INSERT INTO job_runs (job_id, status, started_at) VALUES (?, 'running', ?)"
+        f" RETURNING {_RUN_COLS}",
+        (job_id, now_ms() if now is None else now),
+    )[0]
+    return JobRun(*row)
+
+
+def finish_run(
+    conn: apsw.Connection,
+    run_id: int,
+    *,
+    status: str,
+    output: str = "",
+    error: str | None = None,
+    now: int | None = None,
+) -> JobRun:
+    """Record a run's outcome (caller's transaction)."""
+    if status not in RUN_STATUSES[1:]:
+        raise InvalidInputError(f"a finished run's status is succeeded or failed, not {status!r}")
+    rows = fetch_rows(
+        conn,
+        "UPDATE job_runs SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?"
+        f" RETURNING {_RUN_COLS}",
+        (status, output, error, now_ms() if now is None else now, run_id),
+    )
+    if not rows:
+        raise NotFoundError(f"no job run with id {run_id}")
+    return JobRun(*rows[0])
+
+
+def list_runs(conn: apsw.Connection, job_id: int, *, limit: int = 20) -> list[JobRun]:
+    """The most recent runs of a job, newest first."""
+    return [
+        JobRun(*r)
+        for r in conn.execute(
+            f"SELECT {_RUN_COLS} FROM job_runs WHERE job_id = ? ORDER BY started_at DESC, id DESC"
+            " LIMIT ?",
+            (job_id, limit),
+        )
+    ]

@@ -1,0 +1,432 @@
+"""The ``memories`` table: scoped key-value facts with their FTS5 mirror (S5, S7).
+
+Rows are archived, never deleted, by the memory pipeline; restore clears the archive
+fields. Reads take an explicit set of scopes so a caller only ever sees the rows it is
+entitled to (SC3): the scope filter is part of every query, not applied afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from fermix import validate
+from fermix.clock import now_ms
+from fermix.errors import InvalidInputError, NotFoundError
+from fermix.storage import fts
+from fermix.storage.connection import fetch_rows, fetch_value
+
+SCOPE_TYPES = ("owner", "agent", "conversation", "job")
+CATEGORIES = ("identity", "preference", "interest", "goal", "context", "directive")
+PROMOTE_TARGETS = ("user_md", "memory_md")
+MAX_KEY_CHARS = 200
+MAX_VALUE_CHARS = 10_000
+
+_COLUMNS = (
+    "id",
+    "agent_id",
+    "owner_id",
+    "scope_type",
+    "scope_id",
+    "category",
+    "key",
+    "value",
+    "confidence",
+    "promote_target",
+    "source_id",
+    "source_type",
+    "source_name",
+    "source_description",
+    "session_id",
+    "run_id",
+    "source_message_id",
+    "archived_at",
+    "archived_by",
+    "archive_reason",
+    "created_at",
+    "updated_at",
+)
+_SELECT = ", ".join(_COLUMNS)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """A scope a row lives in: ``owner``, ``agent``, ``conversation`` or ``job`` and its id."""
+
+    type: str
+    id: str
+
+    def __post_init__(self) -> None:
+        if self.type not in SCOPE_TYPES:
+            raise InvalidInputError(f"scope type must be one of {SCOPE_TYPES}, not {self.type!r}")
+        validate.identifier("scope_id", self.id)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    """One stored memory row, every column of the seed."""
+
+    id: int
+    agent_id: str
+    owner_id: str
+    scope_type: str
+    scope_id: str
+    category: str
+    key: str
+    value: str
+    confidence: float
+    promote_target: str | None
+    source_id: int | None
+    source_type: str | None
+    source_name: str | None
+    source_description: str | None
+    session_id: str | None
+    run_id: int | None
+    source_message_id: int | None
+    archived_at: int | None
+    archived_by: str | None
+    archive_reason: str | None
+    created_at: int
+    updated_at: int
+
+    @property
+    def scope(self) -> Scope:
+        """The row's scope."""
+        return Scope(self.scope_type, self.scope_id)
+
+    @property
+    def archived(self) -> bool:
+        """Whether the row is archived."""
+        return self.archived_at is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every column as a JSON-ready dict."""
+        return {name: getattr(self, name) for name in _COLUMNS}
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Where a row came from: the source columns of the seed."""
+
+    source_id: int | None = None
+    source_type: str | None = None
+    source_name: str | None = None
+    source_description: str | None = None
+    session_id: str | None = None
+    run_id: int | None = None
+    source_message_id: int | None = None
+
+
+def check_category(category: object) -> str:
+    """Accept one of the six categories (C1)."""
+    if category not in CATEGORIES:
+        raise InvalidInputError(f"category must be one of {CATEGORIES}, not {category!r}")
+    return str(category)
+
+
+def _row(values: Sequence[Any]) -> MemoryRow:
+    return MemoryRow(*values)
+
+
+def upsert(
+    conn: apsw.Connection,
+    *,
+    agent_id: str,
+    owner_id: str,
+    scope: Scope,
+    category: str,
+    key: str,
+    value: str,
+    promote_target: str | None,
+    confidence: float = 1.0,
+    provenance: Provenance = Provenance(),
+    now: int | None = None,
+) -> MemoryRow:
+    """Insert a row, or update the one with the same unique key (S5), in the caller's transaction.
+
+    Updating an archived row brings it back: writing a fact again means it holds again.
+    """
+    validate.identifier("agent_id", agent_id)
+    validate.identifier("owner_id", owner_id, allow_empty=True)
+    check_category(category)
+    validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
+    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
+    if promote_target is not None and promote_target not in PROMOTE_TARGETS:
+        raise InvalidInputError(f"promote_target must be one of {PROMOTE_TARGETS} or None")
+    if not 0.0 <= confidence <= 1.0:
+        raise InvalidInputError(f"confidence must be between 0 and 1, not {confidence}")
+    ts = now_ms() if now is None else now
+    p = provenance
+    rows = fetch_rows(
+        conn,
+        "INSERT INTO memories (agent_id, owner_id, scope_type, scope_id, category, key, value,"
+        " confidence, promote_target, source_id, source_type, source_name, source_description,"
+        " session_id, run_id, source_message_id, created_at, updated_at)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+        " ON CONFLICT (agent_id, owner_id, scope_type, scope_id, key) DO UPDATE SET"
+        " category = excluded.category, value = excluded.value,"
+        " confidence = excluded.confidence, promote_target = excluded.promote_target,"
+        " source_id = excluded.source_id, source_type = excluded.source_type,"
+        " source_name = excluded.source_name, source_description = excluded.source_description,"
+        " session_id = excluded.session_id, run_id = excluded.run_id,"
+        " source_message_id = excluded.source_message_id, archived_at = NULL,"
+        " archived_by = NULL, archive_reason = NULL, updated_at = excluded.updated_at"
+        f" RETURNING {_SELECT}",
+        (
+            agent_id,
+            owner_id,
+            scope.type,
+            scope.id,
+            category,
+            key,
+            value,
+            confidence,
+            promote_target,
+            p.source_id,
+            p.source_type,
+            p.source_name,
+            p.source_description,
+            p.session_id,
+            p.run_id,
+            p.source_message_id,
+            ts,
+            ts,
+        ),
+    )
+    return _row(rows[0])
+
+
+def replace_value(
+    conn: apsw.Connection,
+    memory_id: int,
+    *,
+    value: str,
+    key: str | None = None,
+    category: str | None = None,
+    provenance: Provenance | None = None,
+    now: int | None = None,
+) -> MemoryRow:
+    """Update a row's value (and optionally key and category) by id, in the caller's transaction."""
+    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
+    if key is not None:
+        validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
+    if category is not None:
+        check_category(category)
+    current = require(conn, memory_id)
+    p = provenance or Provenance(
+        current.source_id,
+        current.source_type,
+        current.source_name,
+        current.source_description,
+        current.session_id,
+        current.run_id,
+        current.source_message_id,
+    )
+    try:
+        rows = fetch_rows(
+            conn,
+            "UPDATE memories SET value = ?, key = ?, category = ?, source_id = ?,"
+            " source_type = ?, source_name = ?, source_description = ?, session_id = ?,"
+            " run_id = ?, source_message_id = ?, archived_at = NULL, archived_by = NULL,"
+            f" archive_reason = NULL, updated_at = ? WHERE id = ? RETURNING {_SELECT}",
+            (
+                value,
+                current.key if key is None else key,
+                current.category if category is None else category,
+                p.source_id,
+                p.source_type,
+                p.source_name,
+                p.source_description,
+                p.session_id,
+                p.run_id,
+                p.source_message_id,
+                now_ms() if now is None else now,
+                memory_id,
+            ),
+        )
+    except apsw.ConstraintError:
+        raise InvalidInputError(f"another row in the same scope already has key {key!r}") from None
+    return _row(rows[0])
+
+
+def get(conn: apsw.Connection, memory_id: int) -> MemoryRow | None:
+    """The row with ``memory_id``, archived or not, or None."""
+    rows = fetch_rows(conn, f"SELECT {_SELECT} FROM memories WHERE id = ?", (memory_id,))
+    return _row(rows[0]) if rows else None
+
+
+def require(conn: apsw.Connection, memory_id: int) -> MemoryRow:
+    """The row with ``memory_id``, or :class:`NotFoundError`."""
+    row = get(conn, memory_id)
+    if row is None:
+        raise NotFoundError(f"no memory row with id {memory_id}")
+    return row
+
+
+def get_by_key(
+    conn: apsw.Connection, *, agent_id: str, owner_id: str, scope: Scope, key: str
+) -> MemoryRow | None:
+    """The row with this unique key, or None."""
+    rows = fetch_rows(
+        conn,
+        f"SELECT {_SELECT} FROM memories WHERE agent_id = ? AND owner_id = ? AND scope_type = ?"
+        " AND scope_id = ? AND key = ?",
+        (agent_id, owner_id, scope.type, scope.id, key),
+    )
+    return _row(rows[0]) if rows else None
+
+
+def _filters(
+    *,
+    agent_id: str | None,
+    owner_id: str | None,
+    scopes: Iterable[Scope] | None,
+    scope_type: str | None,
+    category: str | None,
+    archived: bool | None,
+    key: str | None = None,
+    prefix: str = "",
+) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    params: list[Any] = []
+    if agent_id is not None:
+        where.append(f"{prefix}agent_id = ?")
+        params.append(agent_id)
+    if owner_id is not None:
+        where.append(f"{prefix}owner_id = ?")
+        params.append(owner_id)
+    if scopes is not None:
+        scope_list = list(scopes)
+        if not scope_list:
+            where.append("0")
+        else:
+            where.append(
+                "("
+                + " OR ".join(
+                    f"({prefix}scope_type = ? AND {prefix}scope_id = ?)" for _ in scope_list
+                )
+                + ")"
+            )
+            for scope in scope_list:
+                params.extend((scope.type, scope.id))
+    if scope_type is not None:
+        where.append(f"{prefix}scope_type = ?")
+        params.append(scope_type)
+    if category is not None:
+        where.append(f"{prefix}category = ?")
+        params.append(category)
+    if archived is not None:
+        where.append(f"{prefix}archived_at IS {'NOT ' if archived else ''}NULL")
+    if key is not None:
+        where.append(f"{prefix}key = ?")
+        params.append(key)
+    return where, params
+
+
+def list_rows(
+    conn: apsw.Connection,
+    *,
+    agent_id: str | None = None,
+    owner_id: str | None = None,
+    scopes: Iterable[Scope] | None = None,
+    scope_type: str | None = None,
+    category: str | None = None,
+    archived: bool | None = False,
+    key: str | None = None,
+    limit: int | None = None,
+) -> list[MemoryRow]:
+    """Rows matching every given filter, most recently updated first.
+
+    ``archived``: False (default) live rows only, True archived only, None both.
+    ``scopes``: when given, only rows in one of these scopes (an empty list matches nothing).
+    """
+    where, params = _filters(
+        agent_id=agent_id,
+        owner_id=owner_id,
+        scopes=scopes,
+        scope_type=scope_type,
+        category=category,
+        archived=archived,
+        key=key,
+    )
+    sql = f"SELECT {_SELECT} FROM memories"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY updated_at DESC, id DESC"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [_row(r) for r in fetch_rows(conn, sql, params)]
+
+
+def search(
+    conn: apsw.Connection,
+    text: str,
+    *,
+    agent_id: str | None = None,
+    owner_id: str | None = None,
+    scopes: Iterable[Scope] | None = None,
+    scope_type: str | None = None,
+    category: str | None = None,
+    archived: bool | None = False,
+    limit: int = 10,
+) -> list[MemoryRow]:
+    """Rows whose key or value matches any text, best first, within the given filters."""
+    match = fts.build_query(text)
+    if match is None or limit <= 0:
+        return []
+    where, params = _filters(
+        agent_id=agent_id,
+        owner_id=owner_id,
+        scopes=scopes,
+        scope_type=scope_type,
+        category=category,
+        archived=archived,
+        prefix="m.",
+    )
+    columns = ", ".join(f"m.{c}" for c in _COLUMNS)
+    sql = (
+        f"SELECT {columns} FROM memories_fts JOIN memories AS m ON m.id = memories_fts.rowid"
+        " WHERE memories_fts MATCH ?"
+    )
+    sql += "".join(f" AND {clause}" for clause in where)
+    sql += " ORDER BY bm25(memories_fts) LIMIT ?"
+    return [_row(r) for r in conn.execute(sql, [match, *params, limit])]
+
+
+def archive(
+    conn: apsw.Connection, memory_id: int, *, by: str, reason: str, now: int | None = None
+) -> MemoryRow:
+    """Mark a row archived with who and why (S7); archiving an archived row keeps its record."""
+    validate.identifier("archived_by", by)
+    validate.text("archive_reason", reason, max_chars=1000)
+    row = require(conn, memory_id)
+    if row.archived:
+        return row
+    rows = fetch_rows(
+        conn,
+        "UPDATE memories SET archived_at = ?, archived_by = ?, archive_reason = ?"
+        f" WHERE id = ? RETURNING {_SELECT}",
+        (now_ms() if now is None else now, by, reason, memory_id),
+    )
+    return _row(rows[0])
+
+
+def restore(conn: apsw.Connection, memory_id: int, *, now: int | None = None) -> MemoryRow:
+    """Clear a row's archive fields (S7)."""
+    require(conn, memory_id)
+    rows = fetch_rows(
+        conn,
+        "UPDATE memories SET archived_at = NULL, archived_by = NULL, archive_reason = NULL,"
+        f" updated_at = ? WHERE id = ? RETURNING {_SELECT}",
+        (now_ms() if now is None else now, memory_id),
+    )
+    return _row(rows[0])
+
+
+def change_counter(conn: apsw.Connection) -> int:
+    """A number that changes whenever any memory row is written, by any process (A3)."""
+    return int(fetch_value(conn, "SELECT counter FROM memory_changes WHERE id = 1"))

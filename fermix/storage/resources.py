@@ -1,0 +1,171 @@
+"""``resources`` and ``resource_revisions``: versioned prompt files per agent (P2)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from fermix import validate
+from fermix.clock import now_ms
+from fermix.errors import InvalidInputError, NotFoundError
+from fermix.storage.connection import fetch_rows, fetch_value
+
+RESOURCE_NAMES = ("user_md", "memory_md")
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A versioned resource of one agent and its current revision number (0: none yet)."""
+
+    id: int
+    agent_id: str
+    name: str
+    current_revision: int
+    updated_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """One recorded revision of a resource."""
+
+    resource_id: int
+    agent_id: str
+    name: str
+    revision: int
+    content: str
+    content_sha1: str
+    reason: str
+    created_at: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the revision."""
+        return {
+            "agent_id": self.agent_id,
+            "name": self.name,
+            "revision": self.revision,
+            "content": self.content,
+            "content_sha1": self.content_sha1,
+            "reason": self.reason,
+            "created_at": self.created_at,
+        }
+
+
+def check_name(name: object) -> str:
+    """Accept a resource name (``user_md`` or ``memory_md``)."""
+    if name not in RESOURCE_NAMES:
+        raise InvalidInputError(f"resource name must be one of {RESOURCE_NAMES}, not {name!r}")
+    return str(name)
+
+
+def sha1(content: str) -> str:
+    """The hex sha1 of ``content`` as UTF-8, used to tell whether a file changed."""
+    return hashlib.sha1(content.encode("utf-8")).hexdigest()
+
+
+def get_resource(conn: apsw.Connection, agent_id: str, name: str) -> Resource | None:
+    """The resource ``name`` of ``agent_id``, or None."""
+    rows = fetch_rows(
+        conn,
+        "SELECT id, agent_id, name, current_revision, updated_at FROM resources"
+        " WHERE agent_id = ? AND name = ?",
+        (agent_id, check_name(name)),
+    )
+    return Resource(*rows[0]) if rows else None
+
+
+def list_resources(conn: apsw.Connection, agent_id: str | None = None) -> list[Resource]:
+    """Every resource, or those of one agent, ordered by agent and name."""
+    sql = "SELECT id, agent_id, name, current_revision, updated_at FROM resources"
+    params: tuple[Any, ...] = ()
+    if agent_id is not None:
+        sql += " WHERE agent_id = ?"
+        params = (agent_id,)
+    return [Resource(*r) for r in fetch_rows(conn, sql + " ORDER BY agent_id, name", params)]
+
+
+_REVISION_SELECT = (
+    "SELECT r.resource_id, s.agent_id, s.name, r.revision, r.content, r.content_sha1, r.reason,"
+    " r.created_at FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
+)
+
+
+def current(conn: apsw.Connection, agent_id: str, name: str) -> Revision | None:
+    """The current revision of a resource, or None when it has none."""
+    resource = get_resource(conn, agent_id, name)
+    if resource is None or resource.current_revision == 0:
+        return None
+    return get_revision(conn, agent_id, name, resource.current_revision)
+
+
+def get_revision(conn: apsw.Connection, agent_id: str, name: str, revision: int) -> Revision:
+    """Revision ``revision`` of a resource, or :class:`NotFoundError`."""
+    rows = fetch_rows(
+        conn,
+        _REVISION_SELECT + " WHERE s.agent_id = ? AND s.name = ? AND r.revision = ?",
+        (agent_id, check_name(name), revision),
+    )
+    if not rows:
+        raise NotFoundError(f"{name} of agent {agent_id!r} has no revision {revision}")
+    return Revision(*rows[0])
+
+
+def history(
+    conn: apsw.Connection, agent_id: str, name: str, *, limit: int | None = None
+) -> list[Revision]:
+    """Revisions of a resource, newest first."""
+    sql = _REVISION_SELECT + " WHERE s.agent_id = ? AND s.name = ? ORDER BY r.revision DESC"
+    params: list[Any] = [agent_id, check_name(name)]
+    if limit is not None:
+        validate.positive_int("limit", limit)
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [Revision(*r) for r in fetch_rows(conn, sql, params)]
+
+
+def record(
+    conn: apsw.Connection,
+    agent_id: str,
+    name: str,
+    content: str,
+    *,
+    reason: str,
+    now: int | None = None,
+) -> Revision | None:
+    """Record ``content`` as the next revision, in the caller's transaction.
+
+    Returns None, recording nothing, when ``content`` equals the current revision.
+    """
+    validate.identifier("agent_id", agent_id)
+    check_name(name)
+    ts = now_ms() if now is None else now
+    digest = sha1(content)
+    conn.execute(
+        "INSERT INTO resources (agent_id, name, current_revision, updated_at) VALUES (?, ?, 0, ?)"
+        " ON CONFLICT (agent_id, name) DO NOTHING",
+        (agent_id, name, ts),
+    )
+    resource = get_resource(conn, agent_id, name)
+    assert resource is not None
+    latest = current(conn, agent_id, name)
+    if latest is not None and latest.content_sha1 == digest and latest.content == content:
+        return None
+    number = int(
+        fetch_value(
+            conn,
+            "SELECT coalesce(max(revision), 0) + 1 FROM resource_revisions WHERE resource_id = ?",
+            (resource.id,),
+        )
+    )
+    conn.execute(
+        "INSERT INTO resource_revisions (resource_id, revision, content, content_sha1, reason,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        (resource.id, number, content, digest, reason, ts),
+    )
+    conn.execute(
+        "UPDATE resources SET current_revision = ?, updated_at = ? WHERE id = ?",
+        (number, ts, resource.id),
+    )
+    return Revision(resource.id, agent_id, name, number, content, digest, reason, ts)

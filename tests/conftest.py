@@ -1,0 +1,38 @@
+"""Shared fixtures: a temporary home and database, and stopping every actor after each test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+import pykka
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from fermix.storage import open_database  # noqa: E402
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty fermix home in a temporary directory, also set as FERMIX_HOME."""
+    root = tmp_path / "home"
+    root.mkdir()
+    monkeypatch.setenv("FERMIX_HOME", str(root))
+    return root
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[apsw.Connection]:
+    """A migrated database in a temporary directory."""
+    conn = open_database(tmp_path / "memory.db")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture(autouse=True)
+def _stop_all_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all()
