@@ -161,7 +161,7 @@ CREATE TABLE conversations (
     thread_scope             TEXT NOT NULL DEFAULT '',
     owner_id                 TEXT NOT NULL DEFAULT '',
     trust                    TEXT NOT NULL DEFAULT 'operator' CHECK (trust IN ('operator', 'guest')),
-    window_start_id          INTEGER NOT NULL DEFAULT 0,
+    window_after_id          INTEGER NOT NULL DEFAULT 0,
     checkpoint_message_id    INTEGER REFERENCES messages (id),
     last_reviewed_at         INTEGER,
     last_reviewed_message_id INTEGER NOT NULL DEFAULT 0,

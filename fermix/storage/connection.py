@@ -58,20 +58,23 @@ def connect(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Con
 
 
 def raw_connect(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
-    """Open ``path`` with no pragma applied (the migration check reads before it writes)."""
+    """Open ``path`` with only the busy timeout set: the version check reads before it writes."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     try:
         if vfs is None:
-            return apsw.Connection(str(path), flags=flags)
-        return apsw.Connection(str(path), flags=flags, vfs=vfs)
+            conn = apsw.Connection(str(path), flags=flags)
+        else:
+            conn = apsw.Connection(str(path), flags=flags, vfs=vfs)
     except apsw.Error as exc:
         raise StorageError(f"cannot open database {path}: {exc}") from exc
+    # Even the first read (of the schema version) may meet another process's lock.
+    set_busy_timeout(conn)
+    return conn
 
 
 def apply_settings(conn: apsw.Connection) -> None:
     """Apply every connection setting, in a fixed order."""
-    set_busy_timeout(conn)
     refuse_double_quoted_strings(conn)
     set_wal(conn)
     set_foreign_keys(conn)

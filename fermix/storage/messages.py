@@ -13,6 +13,7 @@ from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError
 from fermix.storage import fts
+from fermix.storage.connection import fetch_value
 
 ROLES = frozenset({"user", "assistant", "system", "tool"})
 MAX_CONTENT_CHARS = 1_000_000
@@ -178,11 +179,12 @@ def conversation(
 def count(conn: apsw.Connection, key: ConversationKey, *, after_id: int = 0) -> int:
     """How many messages ``key`` has with id > ``after_id``."""
     return int(
-        conn.execute(
+        fetch_value(
+            conn,
             "SELECT count(*) FROM messages WHERE agent_id = ? AND channel = ? AND chat_id = ?"
             " AND thread_scope = ? AND id > ?",
             (*key.as_tuple(), after_id),
-        ).fetchall()[0][0]
+        )
     )
 
 

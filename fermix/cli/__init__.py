@@ -1,0 +1,68 @@
+"""The ``fermix`` command line: operator commands over a home.
+
+Typed errors become one-line messages and exit codes: 0 success, 1 a failure, 2 bad
+usage or input, 3 something asked for does not exist. No command here imports litellm
+unless it calls a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from fermix.errors import FermixError, InvalidInputError, NotFoundError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, every command group registered."""
+    from fermix.cli import memory
+
+    parser = argparse.ArgumentParser(
+        prog="fermix",
+        description="Durable conversation memory and long-term user facts for chat-bot hosts.",
+    )
+    parser.add_argument(
+        "--home",
+        help="fermix home directory (default: $FERMIX_HOME, else ~/.fermix)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    memory.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code."""
+    from fermix.cli.context import CommandContext
+    from fermix.config import Home
+
+    args = build_parser().parse_args(argv)
+    try:
+        ctx = CommandContext(Home.resolve(args.home))
+        try:
+            code: int = args.handler(ctx, args)
+        finally:
+            ctx.close()
+    except NotFoundError as exc:
+        print(f"fermix: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except InvalidInputError as exc:
+        print(f"fermix: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except FermixError as exc:
+        print(f"fermix: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("fermix: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

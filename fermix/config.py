@@ -1,0 +1,326 @@
+"""The home directory and ``config.toml``: where fermix keeps its files and how it is tuned.
+
+Every key lives in one table: the section dataclasses below, whose fields carry their
+default, their check and a one-line doc. :data:`KEYS` is derived from them, so
+:func:`load_config`, :func:`validate_key` (for ``fermix config set``) and
+:func:`defaults_toml` cannot disagree about a key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeGuard, TypeVar
+
+import tomlkit
+
+from fermix import validate
+from fermix.errors import ConfigError, InvalidInputError
+
+ROOT_TABLE = "fermix_core"
+HOME_ENV = "FERMIX_HOME"
+DEFAULT_HOME = "~/.fermix"
+
+T = TypeVar("T")
+
+
+def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Return the home: ``explicit`` (``--home``), else ``$FERMIX_HOME``, else ``~/.fermix``."""
+    if explicit is not None:
+        if not os.fspath(explicit):
+            raise InvalidInputError("home must not be an empty path")
+        chosen: str | os.PathLike[str] = explicit
+    else:
+        chosen = os.environ.get(HOME_ENV) or DEFAULT_HOME
+    return Path(chosen).expanduser().absolute()
+
+
+@dataclass(frozen=True)
+class Home:
+    """The paths inside one fermix home directory."""
+
+    root: Path
+
+    @classmethod
+    def resolve(cls, explicit: str | os.PathLike[str] | None = None) -> Home:
+        """Return the home chosen as :func:`resolve_home` chooses it."""
+        return cls(resolve_home(explicit))
+
+    @property
+    def db_path(self) -> Path:
+        """``memory.db``, the source of truth (S1)."""
+        return self.root / "memory.db"
+
+    @property
+    def config_path(self) -> Path:
+        """``config.toml``."""
+        return self.root / "config.toml"
+
+    def agent_dir(self, agent_id: str) -> Path:
+        """``memory/<agent_id>/`` for USER.md and MEMORY.md; an unsafe id is refused (C5)."""
+        return self.root / "memory" / validate.path_segment("agent_id", agent_id)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The values a key accepts: ``kind`` says it to people, ``accepts`` enforces it."""
+
+    kind: str
+    accepts: Callable[[Any], bool]
+    convert: Callable[[Any], object] = lambda value: value
+    echo: bool = True  # False where a mistaken value could be a secret
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    # int64 is TOML's range; a bigger int would overflow float()
+    return (_is_int(value) and abs(value) < 2**63) or (
+        isinstance(value, float) and math.isfinite(value)
+    )
+
+
+def _is_text(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and bool(value.strip())
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_EFFORTS = ("minimal", "low", "medium", "high")
+
+_BOOL = Rule("true or false", lambda v: isinstance(v, bool))
+_COUNT = Rule("an integer >= 1", lambda v: _is_int(v) and v >= 1)
+_MILLISECONDS = Rule("an integer >= 0", lambda v: _is_int(v) and v >= 0)
+_HOURS = Rule("a number >= 0", lambda v: _is_number(v) and v >= 0, float)
+_SECONDS = Rule("a number > 0", lambda v: _is_number(v) and v > 0, float)
+_FRACTION = Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1, float)
+_EFFORT = Rule(f"one of {', '.join(_EFFORTS)}", lambda v: v in _EFFORTS)
+_TEXT = Rule("a non-empty string", _is_text)
+_TEXTS = Rule(
+    "a list of non-empty strings",
+    lambda v: isinstance(v, list | tuple) and all(_is_text(item) for item in v),
+    tuple,
+)
+_ENV_VAR = Rule(
+    "the NAME of an environment variable, never the key itself",
+    lambda v: isinstance(v, str) and _ENV_NAME.fullmatch(v) is not None,
+    echo=False,
+)
+_HISTORY = Rule(
+    'an integer >= 1 or "infinity"',
+    lambda v: v == "infinity" or (_is_int(v) and v >= 1),
+    lambda v: None if v == "infinity" else v,
+)
+
+
+def _key(default: T, rule: Rule, doc: str, example: object = None) -> T:
+    """Declare one config key as a dataclass field: the key table is these fields."""
+    return field(default=default, metadata={"rule": rule, "doc": doc, "example": example})
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """``[fermix_core.memory]``: the background reviewer (E2, E3, E8) and history (A2)."""
+
+    review_interval_hours: float = _key(
+        24.0, _HOURS, "Hours between reviews of a conversation; 0 disables them (E2)."
+    )
+    review_max_messages: int = _key(40, _COUNT, "Most user messages one review reads (E3).")
+    review_input_token_budget: int = _key(
+        4000, _COUNT, "Tokens of messages packed into one review (E3)."
+    )
+    review_failure_backoff_ms: int = _key(
+        300_000, _MILLISECONDS, "Wait after a failed review, in milliseconds (E2)."
+    )
+    max_conversation_history: int | None = _key(
+        None, _HISTORY, "Messages kept per conversation; unbounded by default (A2).", "infinity"
+    )
+
+
+@dataclass(frozen=True)
+class CompactionConfig:
+    """``[fermix_core.compaction]``: summarizing old history into a checkpoint (K1, K2)."""
+
+    enabled: bool = _key(True, _BOOL, "Compact history as it nears the context window (K1).")
+    threshold: float = _key(
+        0.85, _FRACTION, "Fraction of the context window that triggers compaction (K1)."
+    )
+    reasoning_effort: str = _key("medium", _EFFORT, "Reasoning effort of the summary call (K2).")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """``[fermix_core.model]``: the litellm route for buffered model calls (E4, E7)."""
+
+    primary: str | None = _key(
+        None, _TEXT, "litellm model tried first; unset by default.", "openai/gpt-4o-mini"
+    )
+    fallbacks: tuple[str, ...] = _key((), _TEXTS, "Models tried in turn if the primary fails.")
+    context_window: int | None = _key(
+        None, _COUNT, "Context window in tokens; unset uses litellm's model table (K1).", 128_000
+    )
+    api_base: str | None = _key(
+        None, _TEXT, "Model server base URL; unset uses the provider's.", "http://localhost:11434"
+    )
+    api_key_env: str | None = _key(
+        None, _ENV_VAR, "Variable holding the API key; unset by default.", "OPENAI_API_KEY"
+    )
+    timeout_s: float = _key(60.0, _SECONDS, "Timeout of one buffered model call, seconds (E7).")
+
+
+@dataclass(frozen=True)
+class RealtimeConfig:
+    """``[fermix_core.realtime]``: voice transcripts (V1)."""
+
+    persist_transcripts: bool = _key(
+        False, _BOOL, "Store final voice transcripts as voice_turn rows (V1)."
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    """Every section of ``config.toml``; ``Config()`` is all defaults."""
+
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+
+
+SECTIONS: Mapping[str, type[Any]] = {
+    "memory": MemoryConfig,
+    "compaction": CompactionConfig,
+    "model": ModelConfig,
+    "realtime": RealtimeConfig,
+}
+"""Each ``[fermix_core.<name>]`` table and the dataclass it loads into (a field of Config)."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One config key: its dotted name, default, accepted values and one-line doc."""
+
+    dotted: str
+    default: object
+    rule: Rule
+    doc: str
+    example: object = None
+
+    @property
+    def kind(self) -> str:
+        """The values the key accepts, in words (``an integer >= 1``)."""
+        return self.rule.kind
+
+
+KEYS: Mapping[str, Key] = {
+    f"{ROOT_TABLE}.{section}.{f.name}": Key(
+        f"{ROOT_TABLE}.{section}.{f.name}", f.default, **f.metadata
+    )
+    for section, cls in SECTIONS.items()
+    for f in fields(cls)
+}
+"""Every key by dotted name (``fermix_core.memory.review_max_messages``)."""
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _unknown(dotted: str, known: Iterable[str], where: str) -> ConfigError:
+    hint = difflib.get_close_matches(dotted, list(known), n=1)
+    return ConfigError(
+        f"{where}{dotted}: unknown key" + (f"; did you mean {hint[0]}?" if hint else "")
+    )
+
+
+def validate_key(dotted_key: str, value: object, *, source: str | None = None) -> object:
+    """Check one TOML value for ``dotted_key`` exactly as :func:`load_config` does.
+
+    Returns the value as the config holds it (ints widened to float for number keys, lists
+    to tuples, ``"infinity"`` to None); raises :class:`ConfigError` naming the key, and
+    ``source`` (the file) when given.
+    """
+    where = f"{source}: " if source else ""
+    key = KEYS.get(dotted_key)
+    if key is None:
+        raise _unknown(dotted_key, KEYS, where)
+    if not key.rule.accepts(value):
+        shown = _shown(value) if key.rule.echo else "that (value not shown)"
+        raise ConfigError(f"{where}{dotted_key} must be {key.kind}, not {shown}")
+    return key.rule.convert(value)
+
+
+def parse_value(text: str) -> object:
+    """Read a command-line value as a TOML literal (``40``, ``true``, ``["a"]``), else as text."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read ``config.toml`` at ``path``; a missing file means every default.
+
+    Bad TOML, an unknown table or key, or a value of the wrong type or range raises
+    :class:`ConfigError` naming the file and the dotted key.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        return Config()
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read config: {exc}") from None
+    return _from_tables(data, source)
+
+
+def _from_tables(data: Mapping[str, object], source: str) -> Config:
+    where = f"{source}: "
+    for name in data:
+        if name != ROOT_TABLE:
+            raise _unknown(name, [ROOT_TABLE], where)
+    root = data.get(ROOT_TABLE, {})
+    if not isinstance(root, dict):
+        raise ConfigError(f"{where}{ROOT_TABLE} must be a table, not {_shown(root)}")
+    sections: dict[str, Any] = {}
+    for section, table in root.items():
+        dotted = f"{ROOT_TABLE}.{section}"
+        if section not in SECTIONS:
+            raise _unknown(dotted, (f"{ROOT_TABLE}.{s}" for s in SECTIONS), where)
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}{dotted} must be a table, not {_shown(table)}")
+        values = {k: validate_key(f"{dotted}.{k}", v, source=source) for k, v in table.items()}
+        sections[section] = SECTIONS[section](**values)
+    return Config(**sections)
+
+
+def defaults_toml() -> str:
+    """Render a ``config.toml`` with every key commented out at its default.
+
+    A key that is unset by default is shown at an example value instead.
+    """
+    lines = [
+        "# fermix configuration. Every key is shown commented out at its default (or, if it",
+        "# is unset by default, at an example value); uncomment a line to change it.",
+    ]
+    for section, cls in SECTIONS.items():
+        lines += ["", f"[{ROOT_TABLE}.{section}]"]
+        for f in fields(cls):
+            key = KEYS[f"{ROOT_TABLE}.{section}.{f.name}"]
+            shown = key.example if key.default is None else key.default
+            value = tomlkit.item(list(shown) if isinstance(shown, tuple) else shown)
+            lines += [f"# {key.doc} Must be {key.kind}.", f"# {f.name} = {value.as_string()}"]
+    return "\n".join(lines) + "\n"

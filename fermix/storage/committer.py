@@ -1,0 +1,205 @@
+"""Group commit: every write of a process goes through one connection, batched (A1, S8).
+
+Callers hand a unit of work (a function of the connection) to :meth:`Committer.run` and get
+its result only after the transaction holding it has committed. Whoever finds the write
+lock free becomes the leader: it takes every unit queued so far, runs them in one
+``BEGIN IMMEDIATE`` transaction (each in its own savepoint, so one unit's error rolls back
+only that unit) and commits once for all of them. The others wait for the lock, find their
+result ready, and return. Under concurrency many appends share one fsync; alone, a caller
+pays one transaction and no thread hop.
+
+A transient failure of the batch (busy, locked, I/O) is retried with tenacity: 3 attempts,
+short jittered waits, re-raising nothing silently. After the last attempt every unit of the
+batch fails with :class:`WriteFailedError`, and nothing of it was committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import apsw
+import tenacity
+
+from fermix.errors import StorageError, WriteFailedError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Work = Callable[[apsw.Connection], Any]
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    apsw.BusyError,
+    apsw.LockedError,
+    apsw.IOError,
+)
+"""Errors that can pass: another writer holds the lock, or the disk hiccupped."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a failed batch is retried: ``attempts`` in all, waits jittered up to ``max_wait_s``."""
+
+    attempts: int = 3
+    initial_wait_s: float = 0.01
+    max_wait_s: float = 0.1
+
+
+class Committer:
+    """Runs units of write work on one connection, batching concurrent callers into one commit."""
+
+    def __init__(
+        self,
+        conn: apsw.Connection,
+        *,
+        retry: RetryPolicy = RetryPolicy(),
+        max_batch: int = 512,
+    ) -> None:
+        self._conn = conn
+        self._retry = retry
+        self._max_batch = max_batch
+        self._queue: deque[tuple[Work, Future[Any], str]] = deque()
+        self._queue_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self.batches = 0
+        """Transactions committed, for benchmarks and tests."""
+
+    def run(self, work: Callable[[apsw.Connection], T], *, label: str = "write") -> T:
+        """Run ``work(conn)`` in a write transaction; return its result once committed.
+
+        ``label`` names the write in logs (e.g. the conversation key of an append).
+        """
+        future: Future[Any] = Future()
+        with self._queue_lock:
+            if self._closed:
+                raise StorageError("the database writer is closed")
+            self._queue.append((work, future, label))
+        while not future.done():
+            with self._write_lock:
+                if not future.done():
+                    self._lead()
+        result: T = future.result()
+        return result
+
+    def close(self) -> None:
+        """Refuse new work, wait for the batch in flight, and close the connection."""
+        with self._queue_lock:
+            self._closed = True
+        with self._write_lock:
+            self._lead()
+            self._conn.close()
+
+    def _take_batch(self) -> list[tuple[Work, Future[Any], str]]:
+        with self._queue_lock:
+            batch: list[tuple[Work, Future[Any], str]] = []
+            while self._queue and len(batch) < self._max_batch:
+                batch.append(self._queue.popleft())
+            return batch
+
+    def _lead(self) -> None:
+        batch = self._take_batch()
+        if not batch:
+            return
+        try:
+            try:
+                outcomes = self._commit(batch)
+            except TRANSIENT_ERRORS as first:
+                # The common path pays nothing for retries; only a failed batch enters them.
+                log.warning("write failed (%s), retrying: %s", _labels(batch), first)
+                outcomes = self._retrying()(self._commit, batch)
+        except TRANSIENT_ERRORS as exc:
+            log.error(
+                "write failed after %d attempts, nothing kept (%s): %s",
+                self._retry.attempts,
+                _labels(batch),
+                exc,
+            )
+            for _, future, label in batch:
+                future.set_exception(
+                    WriteFailedError(
+                        f"{label}: not written after {self._retry.attempts} attempts: {exc}"
+                    )
+                )
+            return
+        except apsw.Error as exc:
+            # Persistent database errors (disk full, corruption) reach every caller, typed.
+            log.error("write failed, nothing kept (%s): %s", _labels(batch), exc)
+            for _, future, label in batch:
+                future.set_exception(WriteFailedError(f"{label}: not written: {exc}"))
+            return
+        except BaseException as exc:
+            for _, future, _label in batch:
+                future.set_exception(exc)
+            raise
+        self.batches += 1
+        for (_, future, _label), (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+
+    def _retrying(self) -> tenacity.Retrying:
+        """The retries after a first failed attempt: ``attempts - 1`` more, jittered."""
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(TRANSIENT_ERRORS),
+            stop=tenacity.stop_after_attempt(max(1, self._retry.attempts - 1)),
+            wait=tenacity.wait_random_exponential(
+                multiplier=self._retry.initial_wait_s, max=self._retry.max_wait_s
+            ),
+            before=lambda _state: None,
+            reraise=True,
+        )
+
+    def _commit(self, batch: list[tuple[Work, Future[Any], str]]) -> list[tuple[bool, Any]]:
+        conn = self._conn
+        outcomes: list[tuple[bool, Any]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if len(batch) == 1:
+                # Alone in its batch, a unit needs no savepoint: its error rolls back all.
+                outcomes.append((True, batch[0][0](conn)))
+            else:
+                for work, _, _ in batch:
+                    outcomes.append(self._unit(conn, work))
+            conn.execute("COMMIT")
+        except TRANSIENT_ERRORS:
+            self._rollback()
+            raise
+        except Exception as exc:  # a lone unit's error goes to its caller
+            self._rollback()
+            if len(batch) != 1:
+                raise
+            return [(False, exc)]
+        except BaseException:
+            self._rollback()
+            raise
+        return outcomes
+
+    def _unit(self, conn: apsw.Connection, work: Work) -> tuple[bool, Any]:
+        conn.execute("SAVEPOINT unit")
+        try:
+            value = work(conn)
+        except TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to this unit's caller, not hidden
+            conn.execute("ROLLBACK TO unit")
+            conn.execute("RELEASE unit")
+            return (False, exc)
+        conn.execute("RELEASE unit")
+        return (True, value)
+
+    def _rollback(self) -> None:
+        if not self._conn.get_autocommit():
+            self._conn.execute("ROLLBACK")
+
+
+def _labels(batch: list[tuple[Work, Future[Any], str]]) -> str:
+    labels = sorted({label for _, _, label in batch})
+    shown = ", ".join(labels[:5])
+    return shown + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")

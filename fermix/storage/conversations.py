@@ -1,0 +1,159 @@
+"""The ``conversations`` table: per-conversation state that must hold across processes.
+
+One row per conversation key: who owns it and at what trust, which stored messages form its
+window (everything after ``window_after_id``, behind an optional checkpoint message), and
+the gates of the reviewer (E2) and the compactor (K3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from fermix.clock import now_ms
+from fermix.errors import InvalidInputError
+from fermix.storage import messages
+from fermix.storage.connection import fetch_rows
+from fermix.storage.messages import ConversationKey, Message
+
+TRUST_LEVELS = ("operator", "guest")
+
+_COLUMNS = (
+    "agent_id",
+    "channel",
+    "chat_id",
+    "thread_scope",
+    "owner_id",
+    "trust",
+    "window_after_id",
+    "checkpoint_message_id",
+    "last_reviewed_at",
+    "last_reviewed_message_id",
+    "review_failed_at",
+    "review_claim_token",
+    "review_claim_expires_at",
+    "peak_prompt_tokens",
+    "compaction_failed_at",
+    "created_at",
+    "updated_at",
+)
+_SELECT = ", ".join(_COLUMNS)
+_WHERE_KEY = "agent_id = ? AND channel = ? AND chat_id = ? AND thread_scope = ?"
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationState:
+    """The stored state of one conversation."""
+
+    agent_id: str
+    channel: str
+    chat_id: str
+    thread_scope: str
+    owner_id: str
+    trust: str
+    window_after_id: int
+    checkpoint_message_id: int | None
+    last_reviewed_at: int | None
+    last_reviewed_message_id: int
+    review_failed_at: int | None
+    review_claim_token: str | None
+    review_claim_expires_at: int | None
+    peak_prompt_tokens: int | None
+    compaction_failed_at: int | None
+    created_at: int
+    updated_at: int
+
+    @property
+    def key(self) -> ConversationKey:
+        """The conversation's key."""
+        return ConversationKey(self.agent_id, self.channel, self.chat_id, self.thread_scope)
+
+
+def check_trust(trust: object) -> str:
+    """Accept ``operator`` or ``guest``."""
+    if trust not in TRUST_LEVELS:
+        raise InvalidInputError(f"trust must be one of {TRUST_LEVELS}, not {trust!r}")
+    return str(trust)
+
+
+def get(conn: apsw.Connection, key: ConversationKey) -> ConversationState | None:
+    """The state of ``key``, or None if it was never written."""
+    rows = fetch_rows(
+        conn, f"SELECT {_SELECT} FROM conversations WHERE {_WHERE_KEY}", key.as_tuple()
+    )
+    return ConversationState(*rows[0]) if rows else None
+
+
+def ensure(
+    conn: apsw.Connection,
+    key: ConversationKey,
+    *,
+    owner_id: str,
+    trust: str,
+    now: int | None = None,
+) -> ConversationState:
+    """The state of ``key``, created or brought to this owner and trust (caller's transaction)."""
+    check_trust(trust)
+    ts = now_ms() if now is None else now
+    rows = fetch_rows(
+        conn,
+        "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope, owner_id, trust,"
+        " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (agent_id, channel, chat_id, thread_scope) DO UPDATE SET"
+        " owner_id = excluded.owner_id, trust = excluded.trust, updated_at = excluded.updated_at"
+        " WHERE owner_id IS NOT excluded.owner_id OR trust IS NOT excluded.trust"
+        f" RETURNING {_SELECT}",
+        (*key.as_tuple(), owner_id, trust, ts, ts),
+    )
+    if rows:
+        return ConversationState(*rows[0])
+    state = get(conn, key)
+    assert state is not None
+    return state
+
+
+def update(conn: apsw.Connection, key: ConversationKey, **fields: Any) -> None:
+    """Set some columns of an existing conversation row (caller's transaction)."""
+    unknown = set(fields) - set(_COLUMNS[4:])
+    if unknown:
+        raise InvalidInputError(f"not conversation state columns: {sorted(unknown)}")
+    fields.setdefault("updated_at", now_ms())
+    assignments = ", ".join(f"{name} = ?" for name in fields)
+    conn.execute(
+        f"UPDATE conversations SET {assignments} WHERE {_WHERE_KEY}",
+        (*fields.values(), *key.as_tuple()),
+    )
+
+
+def window(
+    conn: apsw.Connection, key: ConversationKey, *, limit: int | None = None
+) -> list[Message]:
+    """The conversation's current window, oldest first: its checkpoint, then later messages.
+
+    Messages before ``window_after_id`` stay stored (K5): a checkpoint or ``/new`` only
+    moves the window's start. With ``limit``, only the newest ``limit`` messages are kept.
+    """
+    state = get(conn, key)
+    after = 0 if state is None else state.window_after_id
+    rows = messages.conversation(conn, key, after_id=after, limit=limit, newest=limit is not None)
+    checkpoint_id = None if state is None else state.checkpoint_message_id
+    if checkpoint_id is None:
+        return rows
+    rows = [m for m in rows if m.id != checkpoint_id]
+    checkpoint = messages.get(conn, checkpoint_id)
+    head = [checkpoint] if checkpoint is not None else []
+    if limit is not None:
+        rows = rows[-(limit - len(head)) :] if limit > len(head) else []
+    return head + rows
+
+
+def list_states(conn: apsw.Connection, *, agent_id: str | None = None) -> list[ConversationState]:
+    """Every conversation row, of one agent when given."""
+    sql = f"SELECT {_SELECT} FROM conversations"
+    params: tuple[Any, ...] = ()
+    if agent_id is not None:
+        sql += " WHERE agent_id = ?"
+        params = (agent_id,)
+    return [ConversationState(*r) for r in fetch_rows(conn, sql, params)]
