@@ -131,13 +131,15 @@ CREATE TABLE job_runs (
 );
 CREATE INDEX job_runs_job ON job_runs (job_id, started_at);
 
+-- A resource is one prompt file of one agent for one owner ('' is the agent's default owner).
 CREATE TABLE resources (
     id               INTEGER PRIMARY KEY,
     agent_id         TEXT NOT NULL,
+    owner_id         TEXT NOT NULL DEFAULT '',
     name             TEXT NOT NULL CHECK (name IN ('user_md', 'memory_md')),
     current_revision INTEGER NOT NULL DEFAULT 0,
     updated_at       INTEGER NOT NULL,
-    UNIQUE (agent_id, name)
+    UNIQUE (agent_id, owner_id, name)
 );
 
 CREATE TABLE resource_revisions (

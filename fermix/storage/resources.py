@@ -18,10 +18,11 @@ RESOURCE_NAMES = ("user_md", "memory_md")
 
 @dataclass(frozen=True, slots=True)
 class Resource:
-    """A versioned resource of one agent and its current revision number (0: none yet)."""
+    """A versioned prompt file of one agent and owner, and its current revision (0: none)."""
 
     id: int
     agent_id: str
+    owner_id: str
     name: str
     current_revision: int
     updated_at: int
@@ -33,6 +34,7 @@ class Revision:
 
     resource_id: int
     agent_id: str
+    owner_id: str
     name: str
     revision: int
     content: str
@@ -44,6 +46,7 @@ class Revision:
         """A JSON-ready dict of the revision."""
         return {
             "agent_id": self.agent_id,
+            "owner_id": self.owner_id,
             "name": self.name,
             "revision": self.revision,
             "content": self.content,
@@ -65,47 +68,57 @@ def sha1(content: str) -> str:
     return hashlib.sha1(content.encode("utf-8")).hexdigest()
 
 
-def get_resource(conn: apsw.Connection, agent_id: str, name: str) -> Resource | None:
-    """The resource ``name`` of ``agent_id``, or None."""
+def get_resource(
+    conn: apsw.Connection, agent_id: str, name: str, *, owner_id: str = ""
+) -> Resource | None:
+    """The resource ``name`` of ``agent_id`` and ``owner_id``, or None."""
     rows = fetch_rows(
         conn,
-        "SELECT id, agent_id, name, current_revision, updated_at FROM resources"
-        " WHERE agent_id = ? AND name = ?",
-        (agent_id, check_name(name)),
+        "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
+        " WHERE agent_id = ? AND owner_id = ? AND name = ?",
+        (agent_id, owner_id, check_name(name)),
     )
     return Resource(*rows[0]) if rows else None
 
 
 def list_resources(conn: apsw.Connection, agent_id: str | None = None) -> list[Resource]:
     """Every resource, or those of one agent, ordered by agent and name."""
-    sql = "SELECT id, agent_id, name, current_revision, updated_at FROM resources"
+    sql = "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
     params: tuple[Any, ...] = ()
     if agent_id is not None:
         sql += " WHERE agent_id = ?"
         params = (agent_id,)
-    return [Resource(*r) for r in fetch_rows(conn, sql + " ORDER BY agent_id, name", params)]
+    return [
+        Resource(*r) for r in fetch_rows(conn, sql + " ORDER BY agent_id, owner_id, name", params)
+    ]
 
 
 _REVISION_SELECT = (
-    "SELECT r.resource_id, s.agent_id, s.name, r.revision, r.content, r.content_sha1, r.reason,"
-    " r.created_at FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
+    "SELECT r.resource_id, s.agent_id, s.owner_id, s.name, r.revision, r.content,"
+    " r.content_sha1, r.reason, r.created_at"
+    " FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
 )
 
 
-def current(conn: apsw.Connection, agent_id: str, name: str) -> Revision | None:
+def current(
+    conn: apsw.Connection, agent_id: str, name: str, *, owner_id: str = ""
+) -> Revision | None:
     """The current revision of a resource, or None when it has none."""
-    resource = get_resource(conn, agent_id, name)
+    resource = get_resource(conn, agent_id, name, owner_id=owner_id)
     if resource is None or resource.current_revision == 0:
         return None
-    return get_revision(conn, agent_id, name, resource.current_revision)
+    return get_revision(conn, agent_id, name, resource.current_revision, owner_id=owner_id)
 
 
-def get_revision(conn: apsw.Connection, agent_id: str, name: str, revision: int) -> Revision:
+def get_revision(
+    conn: apsw.Connection, agent_id: str, name: str, revision: int, *, owner_id: str = ""
+) -> Revision:
     """Revision ``revision`` of a resource, or :class:`NotFoundError`."""
     rows = fetch_rows(
         conn,
-        _REVISION_SELECT + " WHERE s.agent_id = ? AND s.name = ? AND r.revision = ?",
-        (agent_id, check_name(name), revision),
+        _REVISION_SELECT + " WHERE s.agent_id = ? AND s.owner_id = ? AND s.name = ?"
+        " AND r.revision = ?",
+        (agent_id, owner_id, check_name(name), revision),
     )
     if not rows:
         raise NotFoundError(f"{name} of agent {agent_id!r} has no revision {revision}")
@@ -113,11 +126,19 @@ def get_revision(conn: apsw.Connection, agent_id: str, name: str, revision: int)
 
 
 def history(
-    conn: apsw.Connection, agent_id: str, name: str, *, limit: int | None = None
+    conn: apsw.Connection,
+    agent_id: str,
+    name: str,
+    *,
+    owner_id: str = "",
+    limit: int | None = None,
 ) -> list[Revision]:
     """Revisions of a resource, newest first."""
-    sql = _REVISION_SELECT + " WHERE s.agent_id = ? AND s.name = ? ORDER BY r.revision DESC"
-    params: list[Any] = [agent_id, check_name(name)]
+    sql = (
+        _REVISION_SELECT
+        + " WHERE s.agent_id = ? AND s.owner_id = ? AND s.name = ? ORDER BY r.revision DESC"
+    )
+    params: list[Any] = [agent_id, owner_id, check_name(name)]
     if limit is not None:
         validate.positive_int("limit", limit)
         sql += " LIMIT ?"
@@ -132,6 +153,7 @@ def record(
     content: str,
     *,
     reason: str,
+    owner_id: str = "",
     now: int | None = None,
 ) -> Revision | None:
     """Record ``content`` as the next revision, in the caller's transaction.
@@ -139,17 +161,18 @@ def record(
     Returns None, recording nothing, when ``content`` equals the current revision.
     """
     validate.identifier("agent_id", agent_id)
+    validate.identifier("owner_id", owner_id, allow_empty=True)
     check_name(name)
     ts = now_ms() if now is None else now
     digest = sha1(content)
     conn.execute(
-        "INSERT INTO resources (agent_id, name, current_revision, updated_at) VALUES (?, ?, 0, ?)"
-        " ON CONFLICT (agent_id, name) DO NOTHING",
-        (agent_id, name, ts),
+        "INSERT INTO resources (agent_id, owner_id, name, current_revision, updated_at)"
+        " VALUES (?, ?, ?, 0, ?) ON CONFLICT (agent_id, owner_id, name) DO NOTHING",
+        (agent_id, owner_id, name, ts),
     )
-    resource = get_resource(conn, agent_id, name)
+    resource = get_resource(conn, agent_id, name, owner_id=owner_id)
     assert resource is not None
-    latest = current(conn, agent_id, name)
+    latest = current(conn, agent_id, name, owner_id=owner_id)
     if latest is not None and latest.content_sha1 == digest and latest.content == content:
         return None
     number = int(
@@ -168,4 +191,4 @@ def record(
         "UPDATE resources SET current_revision = ?, updated_at = ? WHERE id = ?",
         (number, ts, resource.id),
     )
-    return Revision(resource.id, agent_id, name, number, content, digest, reason, ts)
+    return Revision(resource.id, agent_id, owner_id, name, number, content, digest, reason, ts)
