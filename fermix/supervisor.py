@@ -219,6 +219,7 @@ class Supervisor:
         self._restarts: deque[float] = deque()
         self._events: queue.SimpleQueue[_Exit | _Call] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified after every event
         self._closed = False  # no call is queued any more; set under _lock
         self._stopping = False  # the worker leaves its loop after the current event
         self._done = threading.Event()
@@ -299,6 +300,32 @@ class Supervisor:
             raise ActorUnavailableError(msg)
         return handle
 
+    def await_child(self, child_id: str, timeout: float = 10.0) -> Child:
+        """The child's ref once it runs: waits while a death is being handled or a restart runs.
+
+        Raises NotFoundError once the child is gone (terminated, or temporary and ended),
+        ActorUnavailableError if the supervisor has ended or the child is not running
+        after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                child = self._find(child_id)
+                if child is None:
+                    raise NotFoundError(f"supervisor {self.name!r} has no child {child_id!r}")
+                handle = child.handle
+                if handle is not None and handle.is_alive():
+                    return handle
+                remaining = deadline - time.monotonic()
+                if self._done.is_set() or remaining <= 0:
+                    msg = f"child {child_id!r} of supervisor {self.name!r} is not running"
+                    raise ActorUnavailableError(msg)
+                self._changed.wait(remaining)
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
     def which_children(self) -> list[ChildInfo]:
         """Every child in start order; answered after every exit reported before the call."""
         return self._call(
@@ -332,11 +359,13 @@ class Supervisor:
                 event = self._events.get()
                 if isinstance(event, _Exit):
                     self._on_exit(event.link, event.reason)
+                    self._notify()
                     continue
                 try:
                     event.future.set_result(event.run())
                 except Exception as exc:  # noqa: BLE001 - handed to the caller waiting on it
                     event.future.set_exception(exc)
+                self._notify()
         except Exception as exc:
             # A bug in the supervisor itself: stop the children and fail upward as if it gave up.
             logger.exception("supervisor %r crashed", self.name)
@@ -354,6 +383,7 @@ class Supervisor:
                 msg = f"supervisor {self.name!r} stopped"
                 event.future.set_exception(ActorUnavailableError(msg))
         self._done.set()
+        self._notify()
         if self._parent is not None:
             self._parent.report(self._failure)
         elif self._failure is not None and self._on_escalate is not None:

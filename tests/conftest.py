@@ -1,4 +1,5 @@
-"""Shared fixtures: a temporary home and database, and stopping every actor after each test."""
+"""Shared fixtures: a temporary home and database, the loopback model server, and stopping
+every actor after each test."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+from fermix.api import Memory  # noqa: E402
 from fermix.storage import open_database  # noqa: E402
+from model_server import ModelServer  # noqa: E402
 
 
 @pytest.fixture
@@ -36,3 +39,20 @@ def db(tmp_path: Path) -> Iterator[apsw.Connection]:
 def _stop_all_actors() -> Iterator[None]:
     yield
     pykka.ActorRegistry.stop_all()
+
+
+@pytest.fixture
+def memory(home: Path) -> Iterator[Memory]:
+    """A running Memory (the whole actor tree) on the temporary home."""
+    with Memory(home) as running:
+        yield running
+
+
+@pytest.fixture
+def model_server() -> Iterator[ModelServer]:
+    """A started loopback OpenAI-compatible server (tests/model_server.py), stopped after.
+
+    Script it per test (``reply``, ``fail``, ``hang``...) and point litellm at ``.url``.
+    """
+    with ModelServer() as server:
+        yield server

@@ -21,7 +21,7 @@ EXIT_NOT_FOUND = 3
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, every command group registered."""
-    from fermix.cli import memory
+    from fermix.cli import memory, resource, supervisor
 
     parser = argparse.ArgumentParser(
         prog="fermix",
@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     memory.register(sub)
+    resource.register(sub)
+    supervisor.register(sub)
     return parser
 
 

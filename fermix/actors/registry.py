@@ -1,0 +1,168 @@
+"""The conversation registry: actors started on first use, passivated when idle (A7).
+
+Conversation actors are children of a dynamic :class:`~fermix.supervisor.Supervisor`
+(restart ``transient``: a crash brings the actor back from SQLite, a passivation does not).
+The registry finds a conversation's actor by key, starts one when there is none, and stops
+the least recently used ones past ``cap`` and those idle for ``idle_s``, so the number of
+live actors (threads) stays bounded however many conversations exist.
+
+Callers never hold a ref: :meth:`ConversationRegistry.ask` looks the actor up on every call,
+and if the actor died in between (crash, passivation) asks again once the supervisor has
+dealt with the death. A passivation finishes before the key can start again, so a new
+actor never reads the window while the old one still has an append in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+
+from fermix.errors import ActorUnavailableError, NotFoundError
+from fermix.storage.messages import ConversationKey
+from fermix.supervisor import ChildSpec, Restart, Supervisor
+
+log = logging.getLogger(__name__)
+
+SpecFactory = Callable[[ConversationKey], ChildSpec]
+ASK_ATTEMPTS = 3
+
+
+def child_id(key: ConversationKey) -> str:
+    """The supervisor child id of a conversation's actor."""
+    return "conversation:" + key.agent_id + "/" + key.scope_id
+
+
+class ConversationRegistry:
+    """Finds, starts and passivates conversation actors under the current ``supervisor()``."""
+
+    def __init__(
+        self,
+        supervisor: Callable[[], Supervisor],
+        spec_for: SpecFactory,
+        *,
+        cap: int = 256,
+        idle_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._current_supervisor = supervisor
+        self._spec_for = spec_for
+        self.cap = cap
+        self.idle_s = idle_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._live: OrderedDict[ConversationKey, float] = OrderedDict()  # LRU order
+        self._stop = threading.Event()
+        self._sweeper: threading.Thread | None = None
+        self.passivated = 0
+        """How many actors were stopped for idleness or the cap (for status and tests)."""
+
+    @property
+    def _supervisor(self) -> Supervisor:
+        # Looked up on every use: the supervisor itself is restarted by its parent.
+        return self._current_supervisor()
+
+    def start_sweeper(self) -> None:
+        """Start the thread that passivates idle actors every ``idle_s / 2`` seconds."""
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="fermix-passivation")
+        self._sweeper.daemon = True
+        self._sweeper.start()
+
+    def stop(self) -> None:
+        """Stop the sweeper (the supervisor stops the actors)."""
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=5)
+
+    def ask(self, key: ConversationKey, message: Any, *, timeout: float | None = 30.0) -> Any:
+        """Send ``message`` to the actor of ``key`` and return its reply."""
+        for _ in range(ASK_ATTEMPTS):
+            ref = self._ref(key)
+            try:
+                return ref.ask(message, timeout=timeout)
+            except pykka.ActorDeadError:
+                # Crashed or passivated after the lookup: the next lookup waits until the
+                # supervisor has handled the death (restarted it, or forgotten it).
+                continue
+        raise ActorUnavailableError(f"conversation {key.scope_id} of {key.agent_id} is unavailable")
+
+    def tell(self, key: ConversationKey, message: Any) -> None:
+        """Send ``message`` to the actor of ``key`` without waiting."""
+        self._ref(key).tell(message)
+
+    def live_count(self) -> int:
+        """How many conversation actors are live."""
+        with self._lock:
+            return len(self._live)
+
+    def passivate(self, key: ConversationKey) -> bool:
+        """Stop the actor of ``key`` now (its state is in SQLite); False if none was live."""
+        with self._lock:
+            if key not in self._live:
+                return False
+            self._terminate(key)
+            return True
+
+    def passivate_idle(self) -> int:
+        """Stop every actor unused for ``idle_s``; return how many were stopped."""
+        cutoff = self._clock() - self.idle_s
+        with self._lock:
+            idle = [key for key, used in self._live.items() if used <= cutoff]
+            for key in idle:
+                self._terminate(key)
+        return len(idle)
+
+    def _ref(self, key: ConversationKey) -> pykka.ActorRef[Any]:
+        cid = child_id(key)
+        with self._lock:
+            if key in self._live:
+                self._live.move_to_end(key)
+                self._live[key] = self._clock()
+                try:
+                    # Waits while a crash is being handled and the actor restarted.
+                    ref = self._supervisor.await_child(cid)
+                except NotFoundError:
+                    # A temporary end (restart intensity, crash in on_start) dropped it.
+                    del self._live[key]
+                    ref = self._start(key)
+            else:
+                ref = self._start(key)
+        assert isinstance(ref, pykka.ActorRef)
+        return ref
+
+    def _start(self, key: ConversationKey) -> pykka.ActorRef[Any]:
+        # Called with the lock held: evict first so the cap holds while starting.
+        while len(self._live) >= self.cap:
+            oldest = next(iter(self._live))
+            self._terminate(oldest)
+        spec = self._spec_for(key)
+        ref = self._supervisor.start_child(spec)
+        self._live[key] = self._clock()
+        assert isinstance(ref, pykka.ActorRef)
+        return ref
+
+    def _terminate(self, key: ConversationKey) -> None:
+        # Called with the lock held, so the key cannot start again until its actor stopped.
+        del self._live[key]
+        try:
+            self._supervisor.terminate_child(child_id(key))
+        except NotFoundError:
+            return
+        self.passivated += 1
+
+    def _sweep_loop(self) -> None:
+        interval = max(self.idle_s / 2, 0.05)
+        while not self._stop.wait(interval):
+            stopped = self.passivate_idle()
+            if stopped:
+                log.debug("passivated %d idle conversation actors", stopped)
+
+
+def conversation_spec(key: ConversationKey, start: Callable[[], pykka.ActorRef[Any]]) -> ChildSpec:
+    """The child spec of a conversation actor: restarted after a crash, not after a stop."""
+    return ChildSpec(id=child_id(key), start=start, restart=Restart.TRANSIENT)

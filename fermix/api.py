@@ -1,0 +1,328 @@
+"""``Memory``: the one object a host holds (H1).
+
+A host opens a :class:`Memory` on a home, gets a :class:`Conversation` handle per chat, and
+for each turn appends the user's message, composes the prompt, calls its model and commits
+the reply. ``commit`` writes the reply, then dispatches the post-delivery work (the
+reviewer, the compactor) off the host's path: their failures never reach the turn.
+
+    with Memory("~/.fermix") as memory:
+        conv = memory.conversation("assistant", "telegram", "12345", owner_id="alice")
+        conv.append_user("I moved to Porto last month")
+        ...
+        conv.commit(reply, usage={"prompt_tokens": 1234})
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import pykka
+
+from fermix.actors.conversation import Append, ConversationStore, History, Reload, StateQuery
+from fermix.actors.registry import ConversationRegistry, conversation_spec
+from fermix.actors.store import GetRow, ListRows, Store, Write, list_filters
+from fermix.config import Config, Home, load_config
+from fermix.errors import ActorUnavailableError, InvalidInputError, SupervisorEscalationError
+from fermix.storage import conversations, open_database
+from fermix.storage.committer import Committer
+from fermix.storage.conversations import ConversationState
+from fermix.storage.memories import MemoryRow
+from fermix.storage.messages import ConversationKey, Message, NewMessage
+from fermix.storage.pool import ReaderPool
+from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
+
+log = logging.getLogger(__name__)
+
+AfterDelivery = Callable[["Conversation"], None]
+"""Post-delivery work run after a committed turn (the reviewer, the compactor)."""
+
+
+class Memory:
+    """fermix for one home: the database, the supervised actor tree, the conversations.
+
+    ``conversation_cap`` bounds the live conversation actors (threads); ``idle_s`` is how
+    long an unused conversation keeps its actor before it is passivated (A7).
+    """
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str] | Home | None = None,
+        *,
+        config: Config | None = None,
+        conversation_cap: int = 256,
+        idle_s: float = 600.0,
+        vfs: str | None = None,
+    ) -> None:
+        self.home = home if isinstance(home, Home) else Home.resolve(home)
+        self.config = config if config is not None else load_config(self.home.config_path)
+        self._cap = conversation_cap
+        self._idle_s = idle_s
+        self._vfs = vfs
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._after_delivery: list[tuple[str, AfterDelivery]] = []
+        self._periodic: list[tuple[str, Callable[[], None]]] = []
+        self.failure: SupervisorEscalationError | None = None
+        """Why the actor tree gave up, if it did; every later call then raises."""
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Open the database (migrating it) and start the actor tree."""
+        with self._lock:
+            if self._started:
+                return self
+            self.home.root.mkdir(parents=True, exist_ok=True)
+            writer = open_database(self.home.db_path, vfs=self._vfs)
+            self.committer = Committer(writer)
+            self.readers = ReaderPool(self.home.db_path, vfs=self._vfs)
+            db_path = self.home.db_path
+            max_history = self.config.memory.max_conversation_history
+            committer, readers = self.committer, self.readers
+
+            def conversation_start(key: ConversationKey) -> Callable[[], pykka.ActorRef[Any]]:
+                return lambda: ConversationStore.start(
+                    key, committer=committer, readers=readers, max_history=max_history
+                )
+
+            self.tree = Supervisor(
+                [
+                    ChildSpec("store", lambda: Store.start(db_path, committer=committer)),
+                    ChildSpec(
+                        "conversations",
+                        lambda: Supervisor(
+                            name="conversations", intensity=Intensity(max_restarts=20)
+                        ).start(),
+                        restart=Restart.PERMANENT,
+                    ),
+                ],
+                name="fermix",
+                on_escalate=self._escalated,
+            ).start()
+            self.registry = ConversationRegistry(
+                lambda: self._child_supervisor("conversations"),
+                lambda key: conversation_spec(key, conversation_start(key)),
+                cap=self._cap,
+                idle_s=self._idle_s,
+            )
+            self.registry.start_sweeper()
+            self._started = True
+        return self
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the tree gracefully (queued writes finish first), then close the database."""
+        with self._lock:
+            if not self._started or self._closed:
+                self._closed = True
+                return
+            self._closed = True
+        self.registry.stop()
+        self.tree.stop(timeout=timeout)
+        self.committer.close()
+        self.readers.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _escalated(self, error: SupervisorEscalationError) -> None:
+        log.critical("fermix actor tree gave up: %s", error)
+        self.failure = error
+
+    def _child_supervisor(self, child_id: str) -> Supervisor:
+        child = self.tree.child_ref(child_id)
+        assert isinstance(child, Supervisor)
+        return child
+
+    def _check_running(self) -> None:
+        if self.failure is not None:
+            raise ActorUnavailableError(f"fermix stopped after a failure: {self.failure}")
+        if not self._started or self._closed:
+            raise ActorUnavailableError("Memory is not running: use it as a context manager")
+
+    # -- conversations -----------------------------------------------------------------
+
+    def conversation(
+        self,
+        agent_id: str,
+        channel: str,
+        chat_id: str,
+        thread_scope: str = "",
+        *,
+        owner_id: str = "",
+        trust: str = "operator",
+    ) -> Conversation:
+        """A handle on one conversation; cheap, and safe to create on every turn."""
+        self._check_running()
+        conversations.check_trust(trust)
+        key = ConversationKey(agent_id, channel, chat_id, thread_scope)
+        NewMessage(key, "user", "", owner_id=owner_id)  # validates owner_id up front
+        return Conversation(self, key, owner_id=owner_id, trust=trust)
+
+    def on_after_delivery(self, name: str, hook: AfterDelivery) -> None:
+        """Register post-delivery work run after every committed turn, off the host's path."""
+        self._after_delivery.append((name, hook))
+
+    def on_tick(self, name: str, hook: Callable[[], None]) -> None:
+        """Register periodic work run by the background service on each tick."""
+        self._periodic.append((name, hook))
+
+    def tick(self) -> None:
+        """Run the periodic work once (the service calls this on a timer)."""
+        self._check_running()
+        for name, hook in self._periodic:
+            try:
+                hook()
+            except Exception:
+                log.exception("periodic %s failed", name)
+
+    def _dispatch_after_delivery(self, conv: Conversation) -> None:
+        # Post-delivery hooks only enqueue work for their actors; a failure to do so is
+        # logged and never reaches the host's turn (E1).
+        for name, hook in self._after_delivery:
+            try:
+                hook(conv)
+            except Exception:
+                log.exception("post-delivery %s failed for %s", name, conv.key)
+
+    # -- memory rows, through the Store's read-through cache (A3) ------------------------
+
+    def get_row(self, memory_id: int) -> MemoryRow | None:
+        """The memory row ``memory_id`` (archived or not), or None."""
+        row: MemoryRow | None = self._store_ask(GetRow(memory_id))
+        return row
+
+    def list_rows(self, **filters: Any) -> list[MemoryRow]:
+        """Memory rows matching ``filters`` (the keywords of ``storage.memories.list_rows``)."""
+        rows: list[MemoryRow] = self._store_ask(ListRows(list_filters(**filters)))
+        return rows
+
+    def write(self, work: Callable[[Any], Any], *, label: str = "memory write") -> Any:
+        """Run ``work(conn)`` as one committed write of memory rows; caches see it at once."""
+        return self._store_ask(Write(work, label))
+
+    def _store_ask(self, message: Any) -> Any:
+        self._check_running()
+        for _ in range(3):
+            ref = self.tree.await_child("store")
+            assert isinstance(ref, pykka.ActorRef)
+            try:
+                return ref.ask(message, timeout=30)
+            except pykka.ActorDeadError:
+                continue  # crashed between lookup and ask: the next lookup waits for it
+        raise ActorUnavailableError("the memory store is unavailable")
+
+    def _ask(self, key: ConversationKey, message: Any) -> Any:
+        self._check_running()
+        return self.registry.ask(key, message)
+
+
+class Conversation:
+    """One conversation of a host: append, read the window, commit a turn."""
+
+    def __init__(self, memory: Memory, key: ConversationKey, *, owner_id: str, trust: str):
+        self.memory = memory
+        self.key = key
+        self.owner_id = owner_id
+        self.trust = trust
+
+    def __repr__(self) -> str:
+        return f"Conversation({self.key!r}, owner_id={self.owner_id!r}, trust={self.trust!r})"
+
+    def append(
+        self,
+        role: str,
+        text: str,
+        *,
+        sender: str = "",
+        kind: str = "chat",
+        metadata: Mapping[str, Any] | None = None,
+        peak_prompt_tokens: int | None = None,
+    ) -> Message:
+        """Store a message; returns once it is committed in SQLite (A1)."""
+        new = NewMessage(
+            self.key,
+            role,
+            text,
+            owner_id=self.owner_id,
+            sender=sender,
+            kind=kind,
+            metadata=dict(metadata or {}),
+        )
+        stored: Message = self.memory._ask(self.key, Append(new, self.trust, peak_prompt_tokens))
+        return stored
+
+    def append_user(
+        self, text: str, *, sender: str = "", metadata: Mapping[str, Any] | None = None
+    ) -> Message:
+        """Store what the user said."""
+        return self.append("user", text, sender=sender or self.owner_id, metadata=metadata)
+
+    def append_assistant(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> Message:
+        """Store what the assistant said (``commit`` also dispatches post-delivery work)."""
+        return self.append("assistant", text, sender="assistant", metadata=metadata)
+
+    def history(self, limit: int | None = None) -> list[Message]:
+        """The conversation's window, oldest first (the newest ``limit`` messages if given)."""
+        if limit is not None and (isinstance(limit, bool) or limit < 0):
+            raise InvalidInputError(f"limit must be a non-negative integer, not {limit!r}")
+        window: list[Message] = self.memory._ask(self.key, History(limit))
+        return window
+
+    def state(self) -> ConversationState | None:
+        """The conversation's stored state: owner, trust, window, gates."""
+        state: ConversationState | None = self.memory._ask(self.key, StateQuery())
+        return state
+
+    def reload(self) -> None:
+        """Re-read the window from SQLite (after a compaction or ``/new`` by another actor)."""
+        self.memory._ask(self.key, Reload())
+
+    def commit(
+        self,
+        reply: str,
+        usage: Mapping[str, Any] | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """Write the turn's reply and its peak prompt tokens, then dispatch post-delivery work.
+
+        ``usage`` is the provider's usage of the turn (litellm's ``response.usage``, or a
+        dict); its ``prompt_tokens`` is recorded as the turn's peak for compaction (K3).
+        """
+        peak = _prompt_tokens(usage)
+        stored = self.append(
+            "assistant",
+            reply,
+            sender="assistant",
+            metadata=metadata,
+            peak_prompt_tokens=peak,
+        )
+        self.memory._dispatch_after_delivery(self)
+        return stored
+
+
+def _prompt_tokens(usage: Mapping[str, Any] | Any | None) -> int | None:
+    if usage is None:
+        return None
+    value = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
+    if value is None:
+        value = getattr(usage, "prompt_tokens", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"usage.prompt_tokens must be a non-negative integer: {value!r}")
+    return value
