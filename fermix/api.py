@@ -23,11 +23,27 @@ from typing import Any, Self
 
 import pykka
 
+from fermix.actors.compactor import (
+    Compact,
+    CompactionContext,
+    CompactionResult,
+    Compactor,
+    clear_window,
+)
 from fermix.actors.conversation import Append, ConversationStore, History, Reload, StateQuery
 from fermix.actors.registry import ConversationRegistry, conversation_spec
+from fermix.actors.reviewer import (
+    Review,
+    ReviewContext,
+    Reviewer,
+    ReviewResult,
+    due_reviews,
+)
 from fermix.actors.store import GetRow, ListRows, Store, Write, list_filters
 from fermix.config import Config, Home, load_config
 from fermix.errors import ActorUnavailableError, InvalidInputError, SupervisorEscalationError
+from fermix.memory import commands
+from fermix.memory.composer import PromptComposer
 from fermix.storage import conversations, open_database
 from fermix.storage.committer import Committer
 from fermix.storage.conversations import ConversationState
@@ -35,6 +51,7 @@ from fermix.storage.memories import MemoryRow
 from fermix.storage.messages import ConversationKey, Message, NewMessage
 from fermix.storage.pool import ReaderPool
 from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
+from fermix.tools import MemoryTools
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +85,10 @@ class Memory:
         self._closed = False
         self._after_delivery: list[tuple[str, AfterDelivery]] = []
         self._periodic: list[tuple[str, Callable[[], None]]] = []
+        self.composer = PromptComposer(self.home)
+        """Reads the prompt files for :meth:`Conversation.compose` (P1)."""
+        self.tools = MemoryTools(self)
+        """The agent's memory tools: ``schemas()`` and ``run(tool_call, conversation)`` (T4)."""
         self.failure: SupervisorEscalationError | None = None
         """Why the actor tree gave up, if it did; every later call then raises."""
 
@@ -85,6 +106,12 @@ class Memory:
             db_path = self.home.db_path
             max_history = self.config.memory.max_conversation_history
             committer, readers = self.committer, self.readers
+            self.review_context = ReviewContext(self.home, self.config, committer, readers)
+            review_context = self.review_context
+            self.compaction_context = CompactionContext(
+                self.config, committer, readers, on_compacted=self._reload_window
+            )
+            compaction_context = self.compaction_context
 
             def conversation_start(key: ConversationKey) -> Callable[[], pykka.ActorRef[Any]]:
                 return lambda: ConversationStore.start(
@@ -94,6 +121,8 @@ class Memory:
             self.tree = Supervisor(
                 [
                     ChildSpec("store", lambda: Store.start(db_path, committer=committer)),
+                    ChildSpec("reviewer", lambda: Reviewer.start(review_context)),
+                    ChildSpec("compactor", lambda: Compactor.start(compaction_context)),
                     ChildSpec(
                         "conversations",
                         lambda: Supervisor(
@@ -112,6 +141,10 @@ class Memory:
                 idle_s=self._idle_s,
             )
             self.registry.start_sweeper()
+            self.on_after_delivery(
+                "reviewer", lambda conv: self._tell("reviewer", Review(conv.key))
+            )
+            self.on_tick("review sweep", self._sweep_reviews)
             self._started = True
         return self
 
@@ -215,15 +248,113 @@ class Memory:
         return self._store_ask(Write(work, label))
 
     def _store_ask(self, message: Any) -> Any:
+        return self._child_ask("store", message)
+
+    def _child_ask(self, child: str, message: Any, timeout: float | None = 30) -> Any:
         self._check_running()
         for _ in range(3):
-            ref = self.tree.await_child("store")
+            ref = self.tree.await_child(child)
             assert isinstance(ref, pykka.ActorRef)
             try:
-                return ref.ask(message, timeout=30)
+                return ref.ask(message, timeout=timeout)
             except pykka.ActorDeadError:
                 continue  # crashed between lookup and ask: the next lookup waits for it
-        raise ActorUnavailableError("the memory store is unavailable")
+        raise ActorUnavailableError(f"the {child} actor is unavailable")
+
+    def _tell(self, child: str, message: Any) -> None:
+        ref = self.tree.child_ref(child)
+        assert isinstance(ref, pykka.ActorRef)
+        ref.tell(message)
+
+    # -- the reviewer (E1, E2, E10) ----------------------------------------------------
+
+    def review(self, conv: Conversation, *, force: bool = True) -> ReviewResult:
+        """Review ``conv`` now and wait for the result (``force``: past the time gates)."""
+        result: ReviewResult = self._child_ask("reviewer", Review(conv.key, force), timeout=None)
+        return result
+
+    def _dispatch_review(self, conv: Conversation) -> None:
+        # Only a tell: the reviewer checks its gates on its own thread (E1).
+        self._tell("reviewer", Review(conv.key))
+
+    # -- the compactor and chat commands (K1-K4) ---------------------------------------
+
+    def _dispatch_compaction(self, conv: Conversation) -> None:
+        # Post-delivery compaction: only a tell, the compactor checks the peak itself (K3).
+        self._tell("compactor", Compact(conv.key))
+
+    def compact(self, conv: Conversation, *, force: bool = False) -> CompactionResult:
+        """Compact ``conv`` now if due (``force``: whatever its peak) and wait for it."""
+        result: CompactionResult = self._child_ask(
+            "compactor", Compact(conv.key, force), timeout=None
+        )
+        return result
+
+    def _reload_window(self, key: ConversationKey) -> None:
+        # Called on the compactor's thread after its write committed: the actor re-reads.
+        try:
+            self.registry.tell(key, Reload())
+        except ActorUnavailableError:
+            log.warning("could not reload the window of %s after a compaction", key)
+
+    def handle_command(self, conv: Conversation, text: str) -> str | None:
+        """Run ``text`` if it is a fermix chat command and return the reply to send (K4).
+
+        None means ``text`` is not a fermix command: the host goes on with its turn. A
+        guest's state-changing command is refused and changes nothing.
+        """
+        command = commands.parse(text)
+        if command is None:
+            return None
+        if not commands.allowed(command, conv.trust):
+            return commands.refusal(command)
+        if command.name == "compact":
+            result = self.compact(conv, force=True)
+            if result.status == "compacted":
+                return (
+                    f"Compacted {result.summarized} older messages into a summary "
+                    f"({result.before_tokens} -> {result.after_tokens} tokens)."
+                )
+            if result.status == "failed":
+                return f"Compaction failed: {result.error}"
+            return "Nothing to compact yet."
+        clear_window(self.compaction_context, conv.key)
+        return "Started a fresh conversation window. Long-term memory is kept."
+
+    # -- realtime voice transcripts (V1) -------------------------------------------------
+
+    def voice_transcript(
+        self,
+        agent_id: str,
+        device_id: str,
+        role: str,
+        text: str,
+        *,
+        owner_id: str = "",
+        trust: str = "operator",
+    ) -> Message | None:
+        """Store a final voice transcript when ``persist_transcripts`` is on; else None.
+
+        Stored as ``kind = voice_turn`` in the device's ``realtime`` conversation with
+        ``source_type = "realtime"`` in its metadata; user turns reach the reviewer like
+        chat messages (V1).
+        """
+        if role not in ("user", "assistant"):
+            raise InvalidInputError(f"a transcript's role is user or assistant, not {role!r}")
+        conv = self.conversation(agent_id, "realtime", device_id, owner_id=owner_id, trust=trust)
+        if not self.config.realtime.persist_transcripts:
+            return None
+        return conv.append(
+            role,
+            text,
+            sender=owner_id if role == "user" else "assistant",
+            kind="voice_turn",
+            metadata={"source_type": "realtime", "device_id": device_id},
+        )
+
+    def _sweep_reviews(self) -> None:
+        for key in due_reviews(self.review_context):
+            self._tell("reviewer", Review(key))
 
     def _ask(self, key: ConversationKey, message: Any) -> Any:
         self._check_running()
@@ -281,6 +412,26 @@ class Conversation:
             raise InvalidInputError(f"limit must be a non-negative integer, not {limit!r}")
         window: list[Message] = self.memory._ask(self.key, History(limit))
         return window
+
+    def compose(self, system: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """The litellm messages for the next model call: system prompt, the fenced
+        ``<memory-context>`` block (USER.md, MEMORY.md of this agent and owner), then the
+        window (P1, T5)."""
+        return self.memory.composer.compose(
+            system, self.key.agent_id, self.history(limit), owner_id=self.owner_id
+        )
+
+    def preflight(self) -> str | None:
+        """Before a turn: compact if the previous turn's recorded peak calls for it (K3).
+
+        Returns the notice for the host to send when it compacted, else None; a cold
+        conversation (no recorded peak) is skipped at once.
+        """
+        return self.memory.compact(self).notice
+
+    def handle_command(self, text: str) -> str | None:
+        """Run a fermix chat command (``/compact``, ``/new``, ``/clear``); None if not one."""
+        return self.memory.handle_command(self, text)
 
     def state(self) -> ConversationState | None:
         """The conversation's stored state: owner, trust, window, gates."""

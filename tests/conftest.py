@@ -13,9 +13,10 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from fermix.api import Memory  # noqa: E402
-from fermix.storage import open_database  # noqa: E402
-from model_server import ModelServer  # noqa: E402
+from model_server import ModelServer
+
+from fermix.api import Memory
+from fermix.storage import open_database
 
 
 @pytest.fixture

@@ -8,9 +8,10 @@ response parsing. Each test scripts the answers it needs, in order::
     server.reply("hello")            # the second gets a completion
     server.default = hanging()       # every later one never answers
 
-A scripted step may be limited to one model (``for_model=``): a request takes the first
-step meant for its model (or for any model), so a fallback test does not depend on which
-request arrives first. When no step is left the server answers with :attr:`ModelServer.default`.
+A scripted step may be limited to one model (``for_model=``, the name in the request body:
+litellm sends ``openai/llama3`` as ``llama3``): a request takes the first step meant for its
+model (or for any model), so a fallback test does not depend on which request comes first.
+When no step is left the server answers with :attr:`ModelServer.default`.
 
 Only ``POST /v1/chat/completions`` is served (anything else is a 404), and only with
 ``stream`` false or absent: a streaming request gets a 400, because no caller of fermix
@@ -146,18 +147,26 @@ class ModelServer:
         self._thread: threading.Thread | None = None
 
     @property
-    def url(self) -> str:
-        """The base URL to give litellm as ``api_base``, ending in ``/v1``."""
+    def bound_port(self) -> int:
+        """The port the server listens on (chosen by the OS when ``port`` is 0)."""
         if self._httpd is None:
             raise RuntimeError("the model server is not started")
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The base URL to give litellm as ``api_base``, ending in ``/v1``."""
+        return f"http://127.0.0.1:{self.bound_port}/v1"
 
     def start(self) -> ModelServer:
         """Listen on 127.0.0.1 (``port`` 0 picks a free one) and serve in a daemon thread."""
         self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler)
         self._httpd.model_server = self
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="model-server", daemon=True
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.02},  # stop() waits up to one poll interval
+            name="model-server",
+            daemon=True,
         )
         self._thread.start()
         return self

@@ -53,7 +53,7 @@ class ConversationMachine(RuleBasedStateMachine):
     def crash(self, key: ConversationKey) -> None:
         supervisor = self.memory._child_supervisor("conversations")
         try:
-            ref = supervisor.child_ref(child_id(key))
+            ref = supervisor.await_child(child_id(key))  # waits out a restart in progress
         except LookupError:
             return  # not live: nothing to crash
         ref.tell("crash")  # an unknown message crashes the actor

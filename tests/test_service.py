@@ -44,7 +44,8 @@ def test_a8_start_status_stop_round_trip(service_home: Path) -> None:
     assert status.returncode == 0, status.stderr
     data = json.loads(status.stdout)
     assert data["running"] is True and data["pid"] == pid
-    assert data["live_conversations"] == 0 and data["children"] == ["store", "conversations"]
+    assert data["live_conversations"] == 0
+    assert data["children"] == ["store", "reviewer", "compactor", "conversations"]
 
     again = _fermix(home, "supervisor", "start")
     assert again.returncode == 1 and "already runs" in again.stderr

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from fermix.cli import review
 from fermix.cli.context import CommandContext
 from fermix.cli.output import clip, console, print_json, table, when
 from fermix.errors import InvalidInputError
+from fermix.memory import categories, prompt_files
+from fermix.memory.render import file_spec
 from fermix.storage import memories, transaction
 from fermix.storage.memories import MemoryRow, Scope
 
@@ -52,6 +55,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=cmd_restore)
 
+    review.add_command(cmds)
+
 
 def _scope_filter(text: str | None) -> tuple[str | None, list[Scope] | None]:
     if text is None:
@@ -70,9 +75,15 @@ def _limit(value: int) -> int:
     return value
 
 
+def _renders_in(row: MemoryRow) -> str:
+    """Where ``row`` renders for its own agent and owner: USER.md, MEMORY.md or a dash."""
+    target = categories.render_target(row)
+    return "—" if target is None else file_spec(target).filename
+
+
 def _print_rows(ctx: CommandContext, title: str, rows: list[MemoryRow], as_json: bool) -> None:
     if as_json:
-        print_json([row.as_dict() for row in rows])
+        print_json([{**row.as_dict(), "renders_in": categories.render_target(row)} for row in rows])
         return
     out = console()
     if not rows:
@@ -81,7 +92,7 @@ def _print_rows(ctx: CommandContext, title: str, rows: list[MemoryRow], as_json:
     out.print(
         table(
             title,
-            ["id", "agent", "owner", "scope", "category", "key", "value", "updated"],
+            ["id", "agent", "owner", "scope", "category", "key", "value", "renders", "updated"],
             [
                 (
                     r.id,
@@ -91,6 +102,7 @@ def _print_rows(ctx: CommandContext, title: str, rows: list[MemoryRow], as_json:
                     r.category + (" (archived)" if r.archived else ""),
                     clip(r.key, 30),
                     clip(r.value, 50),
+                    _renders_in(r),
                     when(r.updated_at),
                 )
                 for r in rows
@@ -152,10 +164,22 @@ def cmd_restore(ctx: CommandContext, args: argparse.Namespace) -> int:
     with transaction(conn):
         before = memories.require(conn, args.id)
         row = memories.restore(conn, args.id)
+    # The row may show again in its agent's prompt files (C5); a shared agent-scoped row
+    # shows in every owner's MEMORY.md, so rebuild_for_rows works out which files.
+    rebuilt = prompt_files.rebuild_for_rows(conn, ctx.home, [row], reason=f"restore:{row.id}")
     ctx.after_memory_write(row.agent_id)
+    changed = [
+        {"agent_id": r.agent_id, "owner_id": r.owner_id, "name": f.name, "file": str(f.path)}
+        for r in rebuilt
+        for f in r.files
+        if f.written or f.revision is not None
+    ]
     if args.json:
-        print_json({"restored": row.as_dict(), "was_archived": before.archived})
+        print_json({"restored": row.as_dict(), "was_archived": before.archived, "rebuilt": changed})
     else:
+        out = console()
         state = "restored" if before.archived else "was not archived; nothing to restore"
-        console().print(f"memory row {row.id} ({row.key!r}) {state}")
+        out.print(f"memory row {row.id} ({row.key!r}) {state}", markup=False)
+        for item in changed:
+            out.print(f"rebuilt {item['file']}", markup=False)
     return 0

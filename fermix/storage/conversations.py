@@ -15,7 +15,7 @@ import apsw
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError
 from fermix.storage import messages
-from fermix.storage.connection import fetch_rows
+from fermix.storage.connection import fetch_rows, fetch_value
 from fermix.storage.messages import ConversationKey, Message
 
 TRUST_LEVELS = ("operator", "guest")
@@ -157,3 +157,93 @@ def list_states(conn: apsw.Connection, *, agent_id: str | None = None) -> list[C
         sql += " WHERE agent_id = ?"
         params = (agent_id,)
     return [ConversationState(*r) for r in fetch_rows(conn, sql, params)]
+
+
+def newest_user_message_id(conn: apsw.Connection, key: ConversationKey) -> int:
+    """The id of the conversation's newest user-sent message (0 when it has none)."""
+    value = fetch_value(
+        conn,
+        f"SELECT max(id) FROM messages WHERE {_WHERE_KEY} AND role = 'user'",
+        key.as_tuple(),
+    )
+    return int(value or 0)
+
+
+def claim_review(
+    conn: apsw.Connection, key: ConversationKey, *, token: str, now: int, ttl_ms: int
+) -> bool:
+    """Take the review claim of ``key`` unless another live claim holds it (caller's transaction).
+
+    A claim past its expiry (its reviewer crashed) is taken over (E2).
+    """
+    conn.execute(
+        "UPDATE conversations SET review_claim_token = ?, review_claim_expires_at = ?"
+        f" WHERE {_WHERE_KEY} AND (review_claim_token IS NULL OR review_claim_expires_at <= ?)",
+        (token, now + ttl_ms, *key.as_tuple(), now),
+    )
+    return bool(conn.changes())
+
+
+def finish_review(
+    conn: apsw.Connection, key: ConversationKey, *, token: str, now: int, last_message_id: int
+) -> bool:
+    """Record a successful review and release its claim; False if the claim was lost."""
+    conn.execute(
+        "UPDATE conversations SET last_reviewed_at = ?, last_reviewed_message_id = ?,"
+        " review_failed_at = NULL, review_claim_token = NULL, review_claim_expires_at = NULL,"
+        f" updated_at = ? WHERE {_WHERE_KEY} AND review_claim_token = ?",
+        (now, last_message_id, now, *key.as_tuple(), token),
+    )
+    return bool(conn.changes())
+
+
+def fail_review(conn: apsw.Connection, key: ConversationKey, *, token: str, now: int) -> None:
+    """Record a failed review (for the backoff) and release its claim."""
+    conn.execute(
+        "UPDATE conversations SET review_failed_at = ?, review_claim_token = NULL,"
+        f" review_claim_expires_at = NULL, updated_at = ? WHERE {_WHERE_KEY}"
+        " AND review_claim_token = ?",
+        (now, now, *key.as_tuple(), token),
+    )
+
+
+def release_expired_claims(conn: apsw.Connection, *, now: int) -> int:
+    """Clear every review claim past its expiry; return how many (caller's transaction)."""
+    conn.execute(
+        "UPDATE conversations SET review_claim_token = NULL, review_claim_expires_at = NULL"
+        " WHERE review_claim_token IS NOT NULL AND review_claim_expires_at <= ?",
+        (now,),
+    )
+    return int(conn.changes())
+
+
+def with_new_user_messages(
+    conn: apsw.Connection,
+    *,
+    agent_id: str | None = None,
+    owner_id: str | None = None,
+    channel: str | None = None,
+    chat_id: str | None = None,
+) -> list[tuple[ConversationState, int]]:
+    """Conversations with user messages newer than their last review, and how many, most first."""
+    where = ["1"]
+    params: list[Any] = []
+    for column, value in (
+        ("agent_id", agent_id),
+        ("owner_id", owner_id),
+        ("channel", channel),
+        ("chat_id", chat_id),
+    ):
+        if value is not None:
+            where.append(f"c.{column} = ?")
+            params.append(value)
+    columns = ", ".join(f"c.{name}" for name in _COLUMNS)
+    sql = (
+        f"SELECT {columns}, count(m.id) AS pending FROM conversations AS c JOIN messages AS m"
+        " ON m.agent_id = c.agent_id AND m.channel = c.channel AND m.chat_id = c.chat_id"
+        " AND m.thread_scope = c.thread_scope AND m.role = 'user'"
+        " AND m.id > c.last_reviewed_message_id"
+        f" WHERE {' AND '.join(where)}"
+        " GROUP BY c.agent_id, c.channel, c.chat_id, c.thread_scope ORDER BY pending DESC"
+    )
+    return [(ConversationState(*r[:-1]), int(r[-1])) for r in fetch_rows(conn, sql, params)]

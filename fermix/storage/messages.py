@@ -208,13 +208,16 @@ def search(
     """Messages matching any text, best first; filters narrow to an agent, owner or key.
 
     ``text`` is whatever a user or model typed: it goes through :func:`fts.build_query`, so
-    FTS5 syntax in it is inert and it never raises on content.
+    FTS5 syntax in it is inert and it never raises on content. The best
+    :data:`fts.CANDIDATES` matches by FTS5's bm25 are re-ranked by :func:`fts.rank` with
+    statistics of the filtered rows (one conversation, not the whole table); a hit's
+    ``rank`` is minus that score, so lower is still better.
     """
     match = fts.build_query(text)
     if match is None or limit <= 0:
         return []
-    where = ["messages_fts MATCH ?"]
-    params: list[Any] = [match]
+    where: list[str] = []
+    params: list[Any] = []
     if key is not None:
         where.append("m.agent_id = ? AND m.channel = ? AND m.chat_id = ? AND m.thread_scope = ?")
         params.extend(key.as_tuple())
@@ -224,11 +227,26 @@ def search(
     if owner_id is not None:
         where.append("m.owner_id = ?")
         params.append(owner_id)
-    columns = ", ".join(f"m.{c.strip()}" for c in _COLUMNS.split(","))
     sql = (
-        f"SELECT {columns}, bm25(messages_fts) AS rank FROM messages_fts"
-        " JOIN messages AS m ON m.id = messages_fts.rowid"
-        f" WHERE {' AND '.join(where)} ORDER BY rank LIMIT ?"
+        "SELECT m.id, m.content FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid"
+        f" WHERE {' AND '.join(['messages_fts MATCH ?', *where])}"
+        " ORDER BY bm25(messages_fts) LIMIT ?"
     )
-    params.append(limit)
-    return [SearchHit(_row(r[:-1]), float(r[-1])) for r in conn.execute(sql, params)]
+    candidates = max(fts.CANDIDATES, limit)
+    found: list[tuple[Any, ...]] = conn.execute(sql, [match, *params, candidates]).fetchall()
+    if not found:
+        return []
+    scope_sql = "SELECT count(*) FROM messages AS m"
+    if where:
+        scope_sql += f" WHERE {' AND '.join(where)}"
+    scope_rows: Any = conn.execute(scope_sql, params).fetchall()[0][0]
+    scores = fts.rank(
+        text, [row[1] for row in found], scope_rows=int(scope_rows), tokenize=fts.tokenizer(conn)
+    )
+    best = sorted(range(len(found)), key=lambda i: -scores[i])[:limit]
+    hits = []
+    for i in best:
+        message = get(conn, found[i][0])
+        if message is not None:
+            hits.append(SearchHit(message, -scores[i]))
+    return hits

@@ -1,0 +1,295 @@
+"""Turn-level retrieval recall of fermix's history search on LoCoMo, with its baselines (T2).
+
+Usage: ``python bench/recall.py [--data PATH] [--quick]``
+
+Every turn of every conversation in ``locomo-dev.json`` (read from ``../shared/data/``,
+never copied into the repository: CC BY-NC 4.0) is inserted as a message through the
+storage API, one conversation key per sample, into a database in a temporary directory.
+Each question of categories 1-4 is searched with ``messages.search(conn, question,
+key=..., limit=20)``; turn recall@k is the share of the question's evidence turns found in
+the top k, averaged over questions.
+
+The baselines of ``shared/data/README.md`` run in the same process on plain FTS5 tables
+(one table per conversation, so bm25 sees only that conversation, as in the README):
+every question word quoted and OR-ed over ``unicode61``, and the same minus NLTK's English
+stopwords over ``porter unicode61``. A third row runs fermix's own query on the shared
+messages table with FTS5's bm25 alone, to show what the scoped re-ranking adds.
+
+The last line printed is one JSON object with the headline numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import apsw
+from rich.console import Console
+from rich.table import Table
+
+from fermix.storage import fts, messages, open_database, transaction
+from fermix.storage.messages import ConversationKey, NewMessage
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/locomo-dev.json"
+CATEGORIES = (1, 2, 3, 4)
+KS = (5, 10, 20)
+LIMIT = max(KS)
+_EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
+_WORD = re.compile(r"\w+")
+# NLTK's English stopwords, fixed here so the baseline does not move with fermix's list.
+BASELINE_STOPWORDS = frozenset(
+    """
+    a about above after again against ain all am an and any are aren as at be because been
+    before being below between both but by can couldn d did didn do does doesn doing don
+    down during each few for from further had hadn has hasn have haven having he her here
+    hers herself him himself his how i if in into is isn it its itself just ll m ma me
+    mightn more most mustn my myself needn no nor not now o of off on once only or other
+    our ours ourselves out over own re s same shan she should shouldn so some such t than
+    that the their theirs them themselves then there these they this those through to too
+    under until up ve very was wasn we were weren what when where which while who whom why
+    will with won wouldn y you your yours yourself yourselves
+    """.split()  # noqa: SIM905 (a word list reads better as text)
+)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One QA item with the evidence turns that exist in its conversation."""
+
+    text: str
+    category: int
+    evidence: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One LoCoMo sample: its turns in order (dia_id, content) and its questions."""
+
+    sample_id: str
+    turns: tuple[tuple[str, str], ...]
+    questions: tuple[Question, ...]
+
+
+def parse_evidence(items: Iterable[str], known: set[str]) -> frozenset[str]:
+    """Evidence ids as dia_ids; "D8:6; D9:17" holds two, "D:11:26" means D11:26."""
+    found = {f"D{a}:{b}" for item in items for a, b in _EVIDENCE.findall(str(item))}
+    return frozenset(found & known)
+
+
+def load(path: Path, *, quick: bool) -> list[Conversation]:
+    """The conversations of ``path`` (only the first when ``quick``)."""
+    samples = json.loads(path.read_text(encoding="utf-8"))
+    if quick:
+        samples = samples[:1]
+    out = []
+    for sample in samples:
+        conv = sample["conversation"]
+        sessions = sorted(
+            (int(k.split("_")[1]), v)
+            for k, v in conv.items()
+            if re.fullmatch(r"session_\d+", k) and isinstance(v, list)
+        )
+        turns = []
+        for _, session in sessions:
+            for turn in session:
+                caption = turn.get("blip_caption")
+                content = turn["text"] + (f" {caption}" if caption else "")
+                turns.append((turn["dia_id"], content))
+        known = {dia for dia, _ in turns}
+        questions = []
+        for qa in sample["qa"]:
+            evidence = parse_evidence(qa.get("evidence", []), known)
+            if qa["category"] in CATEGORIES and evidence:
+                questions.append(Question(str(qa["question"]), qa["category"], evidence))
+        out.append(Conversation(sample["sample_id"], tuple(turns), tuple(questions)))
+    return out
+
+
+@dataclass
+class Score:
+    """Recall sums and query times of one method."""
+
+    name: str
+    sums: dict[int, float]
+    by_category: dict[int, list[float]]
+    times_ms: list[float]
+    count: int = 0
+
+    @classmethod
+    def named(cls, name: str) -> Score:
+        """An empty score."""
+        return cls(name, dict.fromkeys(KS, 0.0), {c: [] for c in CATEGORIES}, [])
+
+    def add(self, question: Question, found: Sequence[str], elapsed_ms: float) -> None:
+        """Record one question's ranked dia_ids."""
+        self.count += 1
+        self.times_ms.append(elapsed_ms)
+        for k in KS:
+            self.sums[k] += len(question.evidence & set(found[:k])) / len(question.evidence)
+        self.by_category[question.category].append(
+            len(question.evidence & set(found[:10])) / len(question.evidence)
+        )
+
+    def recall(self, k: int) -> float:
+        """Mean recall@k in percent."""
+        return round(100 * self.sums[k] / max(self.count, 1), 1)
+
+    def percentile_ms(self, q: float) -> float:
+        """The q-th percentile of query time."""
+        ordered = sorted(self.times_ms)
+        return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 2)
+
+
+def run_fermix(convs: list[Conversation], workdir: Path) -> tuple[Score, Score]:
+    """fermix's search, and fermix's query ranked by FTS5's bm25 alone, on one database."""
+    conn = open_database(workdir / "bench.db")
+    ids: dict[str, dict[int, str]] = {}
+    keys: dict[str, ConversationKey] = {}
+    for conv in convs:
+        key = ConversationKey("bench", "locomo", conv.sample_id)
+        keys[conv.sample_id] = key
+        with transaction(conn):
+            ids[conv.sample_id] = {
+                messages.insert(conn, NewMessage(key, "user", content), created_at=i).id: dia
+                for i, (dia, content) in enumerate(conv.turns)
+            }
+    fermix = Score.named("fermix: messages.search")
+    plain = Score.named("fermix query, FTS5 bm25 over the shared table")
+    for conv in convs:
+        key, by_id = keys[conv.sample_id], ids[conv.sample_id]
+        for question in conv.questions:
+            start = time.perf_counter()
+            hits = messages.search(conn, question.text, key=key, limit=LIMIT)
+            elapsed = (time.perf_counter() - start) * 1000
+            fermix.add(question, [by_id[h.message.id] for h in hits], elapsed)
+            start = time.perf_counter()
+            rows = plain_search(conn, fts.build_query(question.text), key)
+            elapsed = (time.perf_counter() - start) * 1000
+            plain.add(question, [by_id[r] for r in rows], elapsed)
+    conn.close()
+    return fermix, plain
+
+
+def plain_search(conn: apsw.Connection, match: str | None, key: ConversationKey) -> list[int]:
+    """Message ids for ``match`` in ``key``, ordered by FTS5's bm25 over the whole table."""
+    if match is None:
+        return []
+    sql = (
+        "SELECT m.id FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid"
+        " WHERE messages_fts MATCH ? AND m.agent_id = ? AND m.channel = ? AND m.chat_id = ?"
+        " AND m.thread_scope = ? ORDER BY bm25(messages_fts) LIMIT ?"
+    )
+    return [int(r[0]) for r in conn.execute(sql, (match, *key.as_tuple(), LIMIT))]
+
+
+def words_query(text: str, stopwords: frozenset[str] = frozenset()) -> str | None:
+    """Every word of ``text`` (minus ``stopwords``) quoted and OR-ed: the README baselines."""
+    words = dict.fromkeys(w.lower() for w in _WORD.findall(text) if w.lower() not in stopwords)
+    return " OR ".join(f'"{w}"' for w in words) or None
+
+
+def run_baseline(
+    convs: list[Conversation], name: str, tokenizer: str, query: Callable[[str], str | None]
+) -> Score:
+    """Plain FTS5 with bm25, one table per conversation."""
+    conn = apsw.Connection(":memory:")
+    score = Score.named(name)
+    for n, conv in enumerate(convs):
+        table = f"turns_{n}"
+        conn.execute(
+            f"CREATE VIRTUAL TABLE {table} USING fts5(content, dia UNINDEXED,"
+            f" tokenize = '{tokenizer}')"
+        )
+        with conn:
+            conn.executemany(f"INSERT INTO {table} (dia, content) VALUES (?, ?)", conv.turns)
+        for question in conv.questions:
+            start = time.perf_counter()
+            match = query(question.text)
+            rows = (
+                []
+                if match is None
+                else conn.execute(
+                    f"SELECT dia FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT ?",
+                    (match, LIMIT),
+                ).fetchall()
+            )
+            elapsed = (time.perf_counter() - start) * 1000
+            score.add(question, [str(r[0]) for r in rows], elapsed)
+    conn.close()
+    return score
+
+
+def render(console: Console, scores: list[Score], questions: int, conversations: int) -> None:
+    """The recall table and fermix's recall@10 by category."""
+    table = Table(title=f"LoCoMo turn recall, {questions} questions, {conversations} conversations")
+    table.add_column("method")
+    for k in KS:
+        table.add_column(f"R@{k}", justify="right")
+    table.add_column("p50 ms", justify="right")
+    table.add_column("p99 ms", justify="right")
+    for s in scores:
+        table.add_row(
+            s.name,
+            *(f"{s.recall(k):.1f}" for k in KS),
+            f"{s.percentile_ms(50):.2f}",
+            f"{s.percentile_ms(99):.2f}",
+        )
+    console.print(table)
+    cats = Table(title="R@10 by category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop)")
+    cats.add_column("method")
+    for c in CATEGORIES:
+        cats.add_column(str(c), justify="right")
+    for s in scores:
+        cats.add_row(
+            s.name,
+            *(f"{100 * statistics.fmean(s.by_category[c] or [0.0]):.1f}" for c in CATEGORIES),
+        )
+    console.print(cats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table, then the JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="locomo-dev.json")
+    parser.add_argument("--quick", action="store_true", help="only the first conversation")
+    args = parser.parse_args(argv)
+    if not args.data.is_file():
+        print(f"no data at {args.data} (see shared/data/README.md)", file=sys.stderr)
+        return 2
+    convs = load(args.data, quick=args.quick)
+    with tempfile.TemporaryDirectory(prefix="fermix-recall-") as tmp:
+        fermix, plain = run_fermix(convs, Path(tmp))
+    unicode = run_baseline(convs, "baseline: words OR-ed, unicode61", "unicode61", words_query)
+    porter = run_baseline(
+        convs,
+        "baseline: minus stopwords, porter",
+        "porter unicode61",
+        lambda text: words_query(text, BASELINE_STOPWORDS),
+    )
+    scores = [unicode, porter, plain, fermix]
+    render(Console(), scores, fermix.count, len(convs))
+    result = {
+        "questions": fermix.count,
+        "turn_r5": fermix.recall(5),
+        "turn_r10": fermix.recall(10),
+        "turn_r20": fermix.recall(20),
+        "p50_ms": fermix.percentile_ms(50),
+        "p99_ms": fermix.percentile_ms(99),
+        "baseline_porter_r10": porter.recall(10),
+        "baseline_unicode_r10": unicode.recall(10),
+        "plain_fts5_r10": plain.recall(10),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

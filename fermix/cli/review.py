@@ -1,0 +1,104 @@
+"""``fermix memory review --now``: run the reviewer from the command line (E10)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.progress import Progress, SpinnerColumn, TextColumn
+
+from fermix.actors.reviewer import ReviewContext, ReviewResult, review_conversation
+from fermix.cli.context import CommandContext
+from fermix.cli.output import console, print_json, table
+from fermix.config import load_config
+from fermix.errors import InvalidInputError
+from fermix.storage import conversations, open_database
+from fermix.storage.committer import Committer
+from fermix.storage.pool import ReaderPool
+
+
+def add_command(cmds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``review`` to the ``memory`` command group."""
+    p = cmds.add_parser(
+        "review", help="distil facts from new user messages now (every conversation by default)"
+    )
+    p.add_argument(
+        "--now",
+        action="store_true",
+        required=True,
+        help="run now, past the review interval and the failure backoff",
+    )
+    p.add_argument("--conversation", metavar="CHANNEL:CHAT_ID", help="only this conversation")
+    p.add_argument("--agent", help="only conversations of this agent id")
+    p.add_argument("--owner", help="only conversations of this owner id")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=cmd_review)
+
+
+def cmd_review(ctx: CommandContext, args: argparse.Namespace) -> int:
+    """Review every matching conversation with new user messages; exit 1 if one failed."""
+    channel = chat_id = None
+    if args.conversation is not None:
+        channel, sep, chat_id = args.conversation.partition(":")
+        if not sep or not channel or not chat_id:
+            raise InvalidInputError("--conversation must look like CHANNEL:CHAT_ID")
+    conn = ctx.db()
+    pending = conversations.with_new_user_messages(
+        conn, agent_id=args.agent, owner_id=args.owner, channel=channel, chat_id=chat_id
+    )
+    committer = Committer(open_database(ctx.home.db_path))
+    readers = ReaderPool(ctx.home.db_path, size=1)
+    review_ctx = ReviewContext(ctx.home, load_config(ctx.home.config_path), committer, readers)
+    results: list[ReviewResult] = []
+    try:
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            console=console(),
+            transient=True,
+            disable=args.json,
+        ) as progress:
+            task = progress.add_task("reviewing", total=len(pending))
+            for state, count in pending:
+                progress.update(
+                    task, description=f"reviewing {state.key.scope_id} ({count} new messages)"
+                )
+                results.append(review_conversation(review_ctx, state.key, force=True))
+                progress.advance(task)
+    finally:
+        committer.close()
+        readers.close()
+    failed = [r for r in results if r.status == "failed"]
+    if args.json:
+        print_json({"reviews": [r.as_dict() for r in results], "failed": len(failed)})
+    elif not results:
+        console().print("no conversation has new user messages to review")
+    else:
+        console().print(
+            table(
+                "memory review",
+                [
+                    "conversation",
+                    "status",
+                    "msgs",
+                    "added",
+                    "replaced",
+                    "archived",
+                    "refused",
+                    "model / error",
+                ],
+                [
+                    (
+                        f"{r.key.agent_id}/{r.key.scope_id}",
+                        r.status if r.skip is None else f"skipped: {r.skip.value}",
+                        r.messages,
+                        r.added,
+                        r.replaced,
+                        r.archived,
+                        len(r.refused),
+                        r.error or r.model or "",
+                    )
+                    for r in results
+                ],
+            )
+        )
+    return 1 if failed else 0

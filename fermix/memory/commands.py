@@ -1,0 +1,57 @@
+"""Chat commands a host passes through fermix: one parser, one table of rules (K4).
+
+``/compact`` summarizes the window now; ``/new`` and ``/clear`` start a fresh window (the
+stored messages, long-term memory, resource revisions and scheduled jobs all stay). Every
+state-changing command is operator-only: a guest gets a refusal and nothing changes.
+Telegram-style ``/compact@my_bot`` is accepted; anything else is not a command of fermix's
+and is left to the host.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+COMMANDS = {
+    "compact": "summarize older messages of this conversation now",
+    "new": "start a fresh conversation window (long-term memory is kept)",
+    "clear": "the same as /new",
+}
+STATE_CHANGING = frozenset(COMMANDS)
+_COMMAND = re.compile(r"^/([A-Za-z][A-Za-z0-9_]*)(?:@[A-Za-z0-9_]+)?(?:\s+(.*))?$", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A parsed chat command of fermix's."""
+
+    name: str
+    argument: str = ""
+
+
+def parse(text: str) -> Command | None:
+    """The fermix command ``text`` holds, or None when it is not one (the host handles it)."""
+    if not isinstance(text, str):
+        return None
+    match = _COMMAND.match(text.strip())
+    if match is None:
+        return None
+    name = match.group(1).lower()
+    if name not in COMMANDS:
+        return None
+    return Command(name, (match.group(2) or "").strip())
+
+
+def allowed(command: Command, trust: str) -> bool:
+    """Whether a conversation at ``trust`` may run ``command`` (state changes: operator only)."""
+    return trust == "operator" or command.name not in STATE_CHANGING
+
+
+def refusal(command: Command) -> str:
+    """The reply to a guest who tried a state-changing command."""
+    return f"Only the operator can use /{command.name}. Nothing was changed."
+
+
+def help_text() -> str:
+    """One line per command."""
+    return "\n".join(f"/{name} - {doc}" for name, doc in COMMANDS.items())
