@@ -193,3 +193,11 @@ END;
 CREATE TRIGGER memories_count_ad AFTER DELETE ON memories BEGIN
     UPDATE memory_changes SET counter = counter + 1 WHERE id = 1;
 END;
+
+-- migration 3: index for rendering the prompt files
+-- Rendering reads the newest live rows of one section (agent, owner, scope, category);
+-- this index serves that read without walking the whole scope (bench/prompt.py: 135 ms
+-- -> 42 ms for a rebuild at 10,000 rows).
+CREATE INDEX memories_render ON memories
+    (agent_id, owner_id, scope_type, scope_id, category, updated_at DESC, id DESC)
+    WHERE archived_at IS NULL;

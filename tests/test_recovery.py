@@ -107,9 +107,9 @@ _APPENDER = textwrap.dedent(
                 print(f"{n} {i} {msg.id}", flush=True)
             i += 1
 
+    print("started", flush=True)
     for n in range(4):
         threading.Thread(target=run, args=(n,), daemon=True).start()
-    print("started", flush=True)
     threading.Event().wait()
     """
 )

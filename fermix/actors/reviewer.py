@@ -20,7 +20,7 @@ from fermix import llm
 from fermix.actors.base import SupervisedActor
 from fermix.clock import now_ms
 from fermix.config import Config, Home
-from fermix.errors import FermixError, ModelError, ReviewOutputError
+from fermix.errors import FermixError, ModelError, ReviewOutputError, UnsafePathSegmentError
 from fermix.memory import categories, prompt_files, review
 from fermix.memory.review import Operation, Skip
 from fermix.storage import conversations, jobs, memories, messages
@@ -215,7 +215,7 @@ def _claimed_review(
     if admission.admitted:
         result.status = "applied"
     if written:
-        result.files_changed = _rebuild(ctx, written)
+        result.files_changed = _rebuild(ctx, written, state.agent_id, state.owner_id)
     return result
 
 
@@ -226,6 +226,8 @@ def _apply(
     source_message: int,
 ) -> list[MemoryRow]:
     """Write admitted operations in the caller's transaction; return the rows as before/after."""
+    if not operations:
+        return []  # nothing to attribute: no memory source is created either
     source = jobs.ensure_source(
         conn,
         agent_id=state.agent_id,
@@ -314,11 +316,22 @@ def _record_failure(ctx: ReviewContext, key: ConversationKey, token: str) -> Non
         log.exception("could not record the failed review of %s", key.scope_id)
 
 
-def _rebuild(ctx: ReviewContext, rows: list[MemoryRow]) -> bool:
-    """Rebuild the prompt files the written rows show in, on a connection of its own."""
+def _rebuild(ctx: ReviewContext, rows: list[MemoryRow], agent_id: str, owner_id: str) -> bool:
+    """Rebuild the prompt files the written rows show in, on a connection of its own.
+
+    The conversation's own owner is rebuilt too: a shared row reaches every owner that has
+    files already, and this owner may have none yet.
+    """
     conn = connect(ctx.home.db_path)
     try:
         results = prompt_files.rebuild_for_rows(conn, ctx.home, rows, reason="review")
+        if results and (agent_id, owner_id) not in {(r.agent_id, r.owner_id) for r in results}:
+            try:
+                results.append(
+                    prompt_files.rebuild(conn, ctx.home, agent_id, owner_id, reason="review")
+                )
+            except UnsafePathSegmentError as exc:
+                log.warning("no prompt files for owner %r: %s", owner_id, exc)
     finally:
         conn.close()
     return any(r.changed for r in results)

@@ -21,7 +21,7 @@ EXIT_NOT_FOUND = 3
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, every command group registered."""
-    from fermix.cli import memory, resource, supervisor
+    from fermix.cli import chat, memory, resource, supervisor
 
     parser = argparse.ArgumentParser(
         prog="fermix",
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fermix home directory (default: $FERMIX_HOME, else ~/.fermix)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chat.register(sub)
     memory.register(sub)
     resource.register(sub)
     supervisor.register(sub)

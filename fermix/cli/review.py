@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from rich.progress import Progress, SpinnerColumn, TextColumn
-
-from fermix.actors.reviewer import ReviewContext, ReviewResult, review_conversation
 from fermix.cli.context import CommandContext
-from fermix.cli.output import console, print_json, table
-from fermix.config import load_config
 from fermix.errors import InvalidInputError
-from fermix.storage import conversations, open_database
-from fermix.storage.committer import Committer
-from fermix.storage.pool import ReaderPool
+
+if TYPE_CHECKING:
+    from fermix.actors.reviewer import ReviewResult
 
 
 def add_command(cmds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,6 +32,16 @@ def add_command(cmds: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 def cmd_review(ctx: CommandContext, args: argparse.Namespace) -> int:
     """Review every matching conversation with new user messages; exit 1 if one failed."""
+    # Imported here: the rest of ``fermix memory`` must start fast (no model code).
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    from fermix.actors.reviewer import ReviewContext, review_conversation
+    from fermix.cli.output import console, print_json, table
+    from fermix.config import load_config
+    from fermix.storage import conversations, open_database
+    from fermix.storage.committer import Committer
+    from fermix.storage.pool import ReaderPool
+
     channel = chat_id = None
     if args.conversation is not None:
         channel, sep, chat_id = args.conversation.partition(":")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 from fermix.storage.messages import Message
 from fermix.tokens import count_tokens, truncate_to_tokens
@@ -53,39 +54,47 @@ class Plan:
     budget: int
     """The compaction budget in tokens (``0.5`` x the window)."""
     summary_tokens: int
-    """The most tokens the summary may take so that summary plus kept fit the budget."""
+    """The most tokens the summary's text may take so that the checkpoint message plus the
+    kept messages fit the budget."""
     before_tokens: int
     """Tokens of the whole window before compaction."""
 
     @property
     def last_summarized_id(self) -> int:
-        """The newest id summarized: the window starts after it."""
-        return (
-            max(m.id for m in self.summarize if m.kind != "checkpoint")
-            if any(m.kind != "checkpoint" for m in self.summarize)
-            else 0
-        )
+        """The newest id summarized, the old checkpoint's included: the window starts after
+        it, so no summarized message (nor that checkpoint) comes back into the window."""
+        return max((m.id for m in self.summarize), default=0)
 
 
 def plan(window: Sequence[Message], *, context_window: int, model: str | None) -> Plan | None:
     """What to summarize so the window fits the budget; None when there is nothing to do.
 
-    The summary gets a quarter of the budget (between 128 and 4096 tokens); the newest
-    messages that fit the rest are kept. A message larger than that on its own is
-    summarized with the rest.
+    The summary gets a quarter of the budget (between 128 and 4096 tokens, and never more
+    than the budget leaves for the checkpoint message); the newest messages that fit the
+    rest are kept. A message larger than that on its own is summarized with the rest, and
+    so is every message with an id below one summarized: the window starts after the
+    newest summarized id, and a message kept by an earlier compaction has an id below that
+    compaction's checkpoint.
     """
     budget = int(context_window * BUDGET_RATIO)
-    summary_tokens = max(MIN_SUMMARY_TOKENS, min(MAX_SUMMARY_TOKENS, budget // 4))
-    room = budget - summary_tokens
+    limit = budget - MESSAGE_OVERHEAD  # the checkpoint's text, with nothing kept
+    if limit < 1:
+        return None
+    reserve = min(limit, max(MIN_SUMMARY_TOKENS, min(MAX_SUMMARY_TOKENS, budget // 4)))
+    room = limit - reserve
     costs = [message_tokens(m, model) for m in window]
+    older_max = list(accumulate((m.id for m in window), max, initial=0))
     keep_from = len(window)
     used = 0
+    kept_min = None
     for index in range(len(window) - 1, -1, -1):
         message = window[index]
-        if message.kind == "checkpoint" or used + costs[index] > room:
+        lowest = message.id if kept_min is None else min(kept_min, message.id)
+        if message.kind == "checkpoint" or used + costs[index] > room or older_max[index] >= lowest:
             break
         used += costs[index]
         keep_from = index
+        kept_min = lowest
     summarize = tuple(window[:keep_from])
     if not any(m.kind != "checkpoint" for m in summarize):
         return None  # only the old checkpoint, or nothing, is older than what fits
@@ -93,29 +102,41 @@ def plan(window: Sequence[Message], *, context_window: int, model: str | None) -
         summarize=summarize,
         keep=tuple(window[keep_from:]),
         budget=budget,
-        summary_tokens=max(MIN_SUMMARY_TOKENS, budget - used) if used else summary_tokens,
+        summary_tokens=limit - used if used else reserve,
         before_tokens=sum(costs),
     )
 
 
 def transcript(messages: Sequence[Message], *, max_tokens: int, model: str | None) -> str:
-    """The messages to summarize as JSON lines, the oldest cut first when over ``max_tokens``."""
+    """The messages to summarize as JSON lines, the oldest cut first when over ``max_tokens``.
+
+    A leading checkpoint is never cut first: it stands for everything before it, so it is
+    kept (cut to half of ``max_tokens`` at most) and the oldest messages after it go.
+    """
     lines = [
         json.dumps({"role": m.role, "kind": m.kind, "text": m.content}, ensure_ascii=False)
         for m in messages
     ]
+    head: list[str] = []
+    room = max_tokens
+    if len(lines) > 1 and messages[0].kind == "checkpoint":
+        first = lines.pop(0)
+        if count_tokens(first, model) + 1 > max_tokens // 2:
+            first = truncate_to_tokens(first, max(0, max_tokens // 2 - 1), model)
+        head.append(first)
+        room -= count_tokens(first, model) + 1
     kept: list[str] = []
     used = 0
     for line in reversed(lines):
         cost = count_tokens(line, model) + 1
-        if used + cost > max_tokens:
+        if used + cost > room:
             if not kept:
-                kept.append(truncate_to_tokens(line, max_tokens, model))
+                kept.append(truncate_to_tokens(line, max(0, room), model))
             break
         kept.append(line)
         used += cost
     kept.reverse()
-    return "\n".join(kept)
+    return "\n".join(head + kept)
 
 
 def fit_summary(summary: str, *, plan: Plan, model: str | None) -> str:

@@ -15,6 +15,7 @@ facts never reach another user's prompt. Both ids must be safe path segments
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import tempfile
@@ -74,8 +75,20 @@ class RebuildResult:
 
 def _check_ids(agent_id: str, owner_id: str) -> None:
     validate.path_segment("agent_id", agent_id)
-    if owner_id != "":
-        validate.path_segment("owner_id", owner_id)
+    validate.identifier("owner_id", owner_id, allow_empty=True)
+
+
+def owner_segment(owner_id: str) -> str:
+    """The directory name of ``owner_id``'s prompt files.
+
+    A safe id is used as it is. Any other id a host may use (``telegram:42``, an e-mail
+    with a space, non-ASCII names) becomes ``_`` and a digest of it: safe ids never start
+    with ``_``, so the two kinds cannot collide, and no owner id can name a path outside.
+    """
+    try:
+        return validate.path_segment("owner_id", owner_id)
+    except UnsafePathSegmentError:
+        return "_" + hashlib.sha256(owner_id.encode("utf-8")).hexdigest()[:32]
 
 
 def _has_files(agent_id: str, owner_id: str) -> bool:
@@ -92,7 +105,7 @@ def prompt_dir(home: Home, agent_id: str, owner_id: str = "") -> Path:
     """The directory of ``agent_id``'s prompt files for ``owner_id``; unsafe ids are refused."""
     _check_ids(agent_id, owner_id)
     base = home.agent_dir(agent_id)
-    return base if owner_id == "" else base / OWNERS_DIR / owner_id
+    return base if owner_id == "" else base / OWNERS_DIR / owner_segment(owner_id)
 
 
 def file_path(home: Home, agent_id: str, name: str, owner_id: str = "") -> Path:

@@ -1,0 +1,235 @@
+"""``fermix chat``: an interactive terminal chat host built only on the public API (H2).
+
+It is the host a real bot would be: append the user's message, preflight compaction,
+compose the prompt, call the model with the memory tools, run the tool calls through
+fermix, commit the reply (the reviewer and the compactor follow in the background). It
+shows, quietly, which model answered, when a tool ran, when memory was updated and when
+history was trimmed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from fermix import llm
+from fermix.api import Conversation, Memory
+from fermix.config import Config, Home
+from fermix.errors import FermixError, ModelError
+from fermix.storage import resources
+
+DEFAULT_SYSTEM = (
+    "You are a helpful assistant with long-term memory. Use the memory tools when the user "
+    "refers to something from earlier conversations or asks you to remember a detail."
+)
+MAX_TOOL_ROUNDS = 4
+CHAT_COMMANDS = {
+    "/help": "show the commands",
+    "/memory": "show USER.md and MEMORY.md",
+    "/review": "distil facts from this conversation now",
+    "/quit": "leave (also Ctrl-D or Ctrl-C)",
+}
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """What ``fermix chat`` was asked for."""
+
+    agent_id: str = "default"
+    chat_id: str = "terminal"
+    owner_id: str = ""
+    model: str | None = None
+    fallbacks: tuple[str, ...] | None = None
+    api_base: str | None = None
+    system: str = DEFAULT_SYSTEM
+
+
+def chat_config(config: Config, options: ChatOptions) -> Config:
+    """``config`` with the command line's model route, so reviews and compaction use it too."""
+    route = llm.Route.from_config(
+        config.model, model=options.model, fallbacks=options.fallbacks, api_base=options.api_base
+    )
+    model = dataclasses.replace(
+        config.model,
+        primary=route.primary,
+        fallbacks=route.models[1:],
+        api_base=route.api_base,
+        api_key_env=route.api_key_env,
+    )
+    return dataclasses.replace(config, model=model)
+
+
+class ChatSession:
+    """One terminal chat: reads lines, runs turns, prints replies and quiet notes."""
+
+    def __init__(self, memory: Memory, conv: Conversation, options: ChatOptions, out: Console):
+        self.memory = memory
+        self.conv = conv
+        self.options = options
+        self.out = out
+        self.route = llm.Route.from_config(memory.config.model)
+        self._revisions = self._current_revisions()
+        self._checkpoint = self._checkpoint_id()
+
+    def note(self, text: str) -> None:
+        """Print a quiet status line."""
+        self.out.print(f"[dim]· {escape(text)}[/dim]")
+
+    def run(self, read: Callable[[str], str]) -> None:
+        """Read and answer lines until EOF, Ctrl-C or /quit."""
+        self.out.print(
+            f"[bold]fermix chat[/bold] [dim]agent {self.options.agent_id}, chat "
+            f"{self.options.chat_id}, model {self.route.primary} · /help for commands[/dim]"
+        )
+        while True:
+            self._report_background_changes()
+            try:
+                line = read("you> ")
+            except (EOFError, KeyboardInterrupt):
+                self.out.print()
+                return
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/quit", "/exit"):
+                return
+            try:
+                self.handle(text)
+            except KeyboardInterrupt:
+                self.out.print()
+                return
+
+    def handle(self, text: str) -> None:
+        """One line: a command, or a turn."""
+        if text == "/help":
+            for name, doc in CHAT_COMMANDS.items():
+                self.out.print(f"{name:10} {doc}")
+            self.out.print("/compact    summarize older messages now\n/new       fresh window")
+            return
+        if text == "/memory":
+            user_md, memory_md = self.memory.composer.files(
+                self.options.agent_id, self.options.owner_id
+            )
+            self.out.print(escape(user_md or "(USER.md is empty)"))
+            self.out.print(escape(memory_md or "(MEMORY.md is empty)"))
+            return
+        if text == "/review":
+            result = self.memory.review(self.conv)
+            self.note(f"review: {result.status} {result.skip or ''} {result.error or ''}".strip())
+            return
+        reply = self.conv.handle_command(text)
+        if reply is not None:
+            self.note(reply)
+            self._checkpoint = self._checkpoint_id()
+            return
+        if text.startswith("/"):
+            self.note(f"unknown command {text.split()[0]}; /help lists them")
+            return
+        self.turn(text)
+
+    def turn(self, text: str) -> None:
+        """One turn through the public API, with tool calls run by fermix."""
+        notice = self.conv.preflight()
+        if notice:
+            self.note(notice)
+            self._checkpoint = self._checkpoint_id()
+        self.conv.append_user(text)
+        peak = 0
+        try:
+            for _ in range(MAX_TOOL_ROUNDS + 1):
+                answer = llm.complete(
+                    self.route,
+                    self.conv.compose(self.options.system),
+                    agent="chat",
+                    tools=self.memory.tools.schemas(),
+                )
+                peak = max(peak, answer.usage.prompt_tokens)
+                if not answer.tool_calls:
+                    break
+                self._run_tools(answer)
+            else:
+                answer = dataclasses.replace(answer, content=answer.content or "(no answer)")
+        except ModelError as exc:
+            self.out.print(f"[red]The model could not answer:[/red] {escape(str(exc))}")
+            return
+        self.out.print(
+            f"[bold cyan]{escape(self.options.agent_id)}>[/bold cyan] {escape(answer.content)}"
+        )
+        via = f"answered by {answer.model}"
+        if answer.tried:
+            via += " after " + ", ".join(f"{m} ({e})" for m, e in answer.tried)
+        self.note(via)
+        self.conv.commit(answer.content, usage={"prompt_tokens": peak})
+
+    def _run_tools(self, answer: llm.Completion) -> None:
+        self.conv.append(
+            "assistant",
+            answer.content,
+            sender="assistant",
+            metadata={"tool_calls": answer.tool_calls},
+        )
+        for call in answer.tool_calls:
+            function = call.get("function") or {}
+            result = self.memory.tools.run(call, self.conv)
+            self.note(f"{function.get('name')}({_short(function.get('arguments'))})")
+            self.conv.append(
+                "tool",
+                result,
+                sender="fermix",
+                metadata={"tool_call_id": call.get("id", ""), "name": function.get("name", "")},
+            )
+
+    def _current_revisions(self) -> dict[str, int]:
+        with self.memory.readers.connection() as conn:
+            found = {}
+            for name in resources.RESOURCE_NAMES:
+                res = resources.get_resource(
+                    conn, self.options.agent_id, name, owner_id=self.options.owner_id
+                )
+                found[name] = 0 if res is None else res.current_revision
+            return found
+
+    def _checkpoint_id(self) -> int | None:
+        state = self.conv.state()
+        return None if state is None else state.checkpoint_message_id
+
+    def _report_background_changes(self) -> None:
+        revisions = self._current_revisions()
+        changed = [n for n in revisions if revisions[n] != self._revisions.get(n)]
+        if changed:
+            files = ", ".join("USER.md" if n == "user_md" else "MEMORY.md" for n in changed)
+            self.note(f"memory updated ({files})")
+        self._revisions = revisions
+        checkpoint = self._checkpoint_id()
+        if checkpoint != self._checkpoint and checkpoint is not None:
+            self.note("trimmed older conversation history to stay within the context window")
+        self._checkpoint = checkpoint
+
+
+def _short(arguments: Any, width: int = 60) -> str:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def run_chat(home: Home, config: Config, options: ChatOptions, out: Console) -> int:
+    """Run ``fermix chat``; returns the exit code. No model: one paragraph, exit 2."""
+    config = chat_config(config, options)
+    if config.model.primary is None:
+        out.print(llm.NO_MODEL_HINT, soft_wrap=True, markup=False)
+        return 2
+    try:
+        with Memory(home, config=config) as memory:
+            conv = memory.conversation(
+                options.agent_id, "cli", options.chat_id, owner_id=options.owner_id
+            )
+            ChatSession(memory, conv, options, out).run(input)
+    except FermixError as exc:
+        out.print(f"[red]fermix:[/red] {escape(str(exc))}")
+        return 1
+    return 0
