@@ -1,1 +1,78 @@
-"""fermix: durable conversation memory and long-term user facts for chat-bot hosts."""
+"""fermix: durable conversation memory and long-term user facts for chat-bot hosts.
+
+The public API is what this module exports; everything else is reachable but not promised::
+
+    from fermix import Memory
+
+    with Memory() as memory:                       # ~/.fermix, or $FERMIX_HOME
+        conv = memory.conversation("assistant", "telegram", "12345", owner_id="alice")
+        conv.append_user("I moved to Porto last month")
+        messages = conv.compose(system="You are a helpful assistant.")
+        ...                                        # call your model with messages
+        conv.commit(reply, usage={"prompt_tokens": 1234})
+"""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fermix.api import Memory
+    from fermix.config import Config, Home, load_config
+    from fermix.conversation import Conversation
+    from fermix.errors import (
+        AccessDeniedError,
+        ActorUnavailableError,
+        ConfigError,
+        FermixError,
+        InvalidInputError,
+        ModelError,
+        NotFoundError,
+        SchemaTooNewError,
+        StorageError,
+        WriteFailedError,
+    )
+    from fermix.storage.messages import ConversationKey, Message
+    from fermix.tools import JobCaller
+
+# Exported names are imported on first use, so ``fermix memory list`` and other commands
+# that need no actor or model start fast.
+_HOMES = {
+    "Memory": "fermix.api",
+    "Config": "fermix.config",
+    "Home": "fermix.config",
+    "load_config": "fermix.config",
+    "Conversation": "fermix.conversation",
+    "ConversationKey": "fermix.storage.messages",
+    "Message": "fermix.storage.messages",
+    "JobCaller": "fermix.tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    module = _HOMES.get(name, "fermix.errors" if name.endswith("Error") else None)
+    if module is None or name not in __all__:
+        raise AttributeError(f"module 'fermix' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "AccessDeniedError",
+    "ActorUnavailableError",
+    "Config",
+    "ConfigError",
+    "Conversation",
+    "ConversationKey",
+    "FermixError",
+    "Home",
+    "InvalidInputError",
+    "JobCaller",
+    "Memory",
+    "Message",
+    "ModelError",
+    "NotFoundError",
+    "SchemaTooNewError",
+    "StorageError",
+    "WriteFailedError",
+    "load_config",
+]

@@ -19,7 +19,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from fermix import llm
-from fermix.api import Conversation, Memory
+from fermix.api import Memory
+from fermix.conversation import Conversation
 from fermix.config import Config, Home
 from fermix.errors import FermixError, ModelError
 from fermix.storage import resources

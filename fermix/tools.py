@@ -26,7 +26,8 @@ from fermix.storage import jobs, memories, messages
 from fermix.storage.memories import MemoryRow, Provenance, Scope
 
 if TYPE_CHECKING:
-    from fermix.api import Conversation, Memory
+    from fermix.api import Memory
+    from fermix.conversation import Conversation
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,136 @@
+"""``Conversation``: the handle a host holds for one chat (H1).
+
+Cheap to create on every turn: it holds only the key, the owner and the trust, and asks the
+conversation's actor (found through the registry on every call) for everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fermix.actors.conversation import Append, History, Reload, StateQuery
+from fermix.errors import InvalidInputError
+from fermix.storage.conversations import ConversationState
+from fermix.storage.messages import ConversationKey, Message, NewMessage
+
+if TYPE_CHECKING:
+    from fermix.api import Memory
+
+
+class Conversation:
+    """One conversation of a host: append, read the window, commit a turn."""
+
+    def __init__(self, memory: Memory, key: ConversationKey, *, owner_id: str, trust: str):
+        self.memory = memory
+        self.key = key
+        self.owner_id = owner_id
+        self.trust = trust
+
+    def __repr__(self) -> str:
+        return f"Conversation({self.key!r}, owner_id={self.owner_id!r}, trust={self.trust!r})"
+
+    def append(
+        self,
+        role: str,
+        text: str,
+        *,
+        sender: str = "",
+        kind: str = "chat",
+        metadata: Mapping[str, Any] | None = None,
+        peak_prompt_tokens: int | None = None,
+    ) -> Message:
+        """Store a message; returns once it is committed in SQLite (A1)."""
+        new = NewMessage(
+            self.key,
+            role,
+            text,
+            owner_id=self.owner_id,
+            sender=sender,
+            kind=kind,
+            metadata=dict(metadata or {}),
+        )
+        stored: Message = self.memory._ask(self.key, Append(new, self.trust, peak_prompt_tokens))
+        return stored
+
+    def append_user(
+        self, text: str, *, sender: str = "", metadata: Mapping[str, Any] | None = None
+    ) -> Message:
+        """Store what the user said."""
+        return self.append("user", text, sender=sender or self.owner_id, metadata=metadata)
+
+    def append_assistant(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> Message:
+        """Store what the assistant said (``commit`` also dispatches post-delivery work)."""
+        return self.append("assistant", text, sender="assistant", metadata=metadata)
+
+    def history(self, limit: int | None = None) -> list[Message]:
+        """The conversation's window, oldest first (the newest ``limit`` messages if given)."""
+        if limit is not None and (isinstance(limit, bool) or limit < 0):
+            raise InvalidInputError(f"limit must be a non-negative integer, not {limit!r}")
+        window: list[Message] = self.memory._ask(self.key, History(limit))
+        return window
+
+    def compose(self, system: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """The litellm messages for the next model call: system prompt, the fenced
+        ``<memory-context>`` block (USER.md, MEMORY.md of this agent and owner), then the
+        window (P1, T5)."""
+        return self.memory.composer.compose(
+            system, self.key.agent_id, self.history(limit), owner_id=self.owner_id
+        )
+
+    def preflight(self) -> str | None:
+        """Before a turn: compact if the previous turn's recorded peak calls for it (K3).
+
+        Returns the notice for the host to send when it compacted, else None; a cold
+        conversation (no recorded peak) is skipped at once.
+        """
+        return self.memory.compact(self).notice
+
+    def handle_command(self, text: str) -> str | None:
+        """Run a fermix chat command (``/compact``, ``/new``, ``/clear``); None if not one."""
+        return self.memory.handle_command(self, text)
+
+    def state(self) -> ConversationState | None:
+        """The conversation's stored state: owner, trust, window, gates."""
+        state: ConversationState | None = self.memory._ask(self.key, StateQuery())
+        return state
+
+    def reload(self) -> None:
+        """Re-read the window from SQLite (after a compaction or ``/new`` by another actor)."""
+        self.memory._ask(self.key, Reload())
+
+    def commit(
+        self,
+        reply: str,
+        usage: Mapping[str, Any] | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Message:
+        """Write the turn's reply and its peak prompt tokens, then dispatch post-delivery work.
+
+        ``usage`` is the provider's usage of the turn (litellm's ``response.usage``, or a
+        dict); its ``prompt_tokens`` is recorded as the turn's peak for compaction (K3).
+        """
+        peak = _prompt_tokens(usage)
+        stored = self.append(
+            "assistant",
+            reply,
+            sender="assistant",
+            metadata=metadata,
+            peak_prompt_tokens=peak,
+        )
+        self.memory._dispatch_after_delivery(self)
+        return stored
+
+
+def _prompt_tokens(usage: Mapping[str, Any] | Any | None) -> int | None:
+    if usage is None:
+        return None
+    value = usage.get("prompt_tokens") if isinstance(usage, Mapping) else None
+    if value is None:
+        value = getattr(usage, "prompt_tokens", None)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInputError(f"usage.prompt_tokens must be a non-negative integer: {value!r}")
+    return value
