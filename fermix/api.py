@@ -23,6 +23,7 @@ from typing import Any, Self
 
 import pykka
 
+from fermix import validate
 from fermix.actors.compactor import (
     Compact,
     CompactionContext,
@@ -48,7 +49,7 @@ from fermix.memory.composer import PromptComposer
 from fermix.storage import conversations, open_database
 from fermix.storage.committer import Committer
 from fermix.storage.memories import MemoryRow
-from fermix.storage.messages import ConversationKey, Message, NewMessage
+from fermix.storage.messages import ConversationKey, Message
 from fermix.storage.pool import ReaderPool
 from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
 from fermix.tools import MemoryTools
@@ -204,7 +205,7 @@ class Memory:
         self._check_running()
         conversations.check_trust(trust)
         key = ConversationKey(agent_id, channel, chat_id, thread_scope)
-        NewMessage(key, "user", "", owner_id=owner_id)  # validates owner_id up front
+        validate.identifier("owner_id", owner_id, allow_empty=True)
         return Conversation(self, key, owner_id=owner_id, trust=trust)
 
     def on_after_delivery(self, name: str, hook: AfterDelivery) -> None:

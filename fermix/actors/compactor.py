@@ -218,6 +218,10 @@ class Compact(NamedTuple):
 class Compactor(SupervisedActor):
     """Runs compactions one at a time (A5)."""
 
+    # Its work can always be dropped (a claim expires, a backoff passes): a model call
+    # still running at shutdown must not keep the process alive.
+    use_daemon_thread = True
+
     def __init__(self, ctx: CompactionContext) -> None:
         super().__init__()
         self._ctx = ctx

@@ -347,6 +347,10 @@ class Review(NamedTuple):
 class Reviewer(SupervisedActor):
     """Runs reviews one at a time, off the host's path (A4, E1)."""
 
+    # Its work can always be dropped (a claim expires, a backoff passes): a model call
+    # still running at shutdown must not keep the process alive.
+    use_daemon_thread = True
+
     def __init__(self, ctx: ReviewContext) -> None:
         super().__init__()
         self._ctx = ctx
