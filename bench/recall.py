@@ -162,7 +162,7 @@ def run_fermix(convs: list[Conversation], workdir: Path) -> tuple[Score, Score]:
                 for i, (dia, content) in enumerate(conv.turns)
             }
     fermix = Score.named("fermix: messages.search")
-    plain = Score.named("fermix query, FTS5 bm25 over the shared table")
+    plain = Score.named("fermix words, FTS5 bm25 on shared table")
     for conv in convs:
         key, by_id = keys[conv.sample_id], ids[conv.sample_id]
         for question in conv.questions:

@@ -31,7 +31,7 @@ from fermix.actors.compactor import (
     Compactor,
     clear_window,
 )
-from fermix.actors.conversation import ConversationStore, Reload
+from fermix.actors.conversation import Appended, ConversationStore, Reload, write_through
 from fermix.actors.registry import ConversationRegistry, conversation_spec
 from fermix.actors.reviewer import (
     Review,
@@ -49,7 +49,7 @@ from fermix.memory.composer import PromptComposer
 from fermix.storage import conversations, open_database
 from fermix.storage.committer import Committer
 from fermix.storage.memories import MemoryRow
-from fermix.storage.messages import ConversationKey, Message
+from fermix.storage.messages import ConversationKey, Message, NewMessage
 from fermix.storage.pool import ReaderPool
 from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
 from fermix.tools import MemoryTools
@@ -118,7 +118,7 @@ class Memory:
 
             def conversation_start(key: ConversationKey) -> Callable[[], pykka.ActorRef[Any]]:
                 return lambda: ConversationStore.start(
-                    key, committer=committer, readers=readers, max_history=max_history
+                    key, readers=readers, max_history=max_history
                 )
 
             self.tree = Supervisor(
@@ -358,6 +358,14 @@ class Memory:
     def _sweep_reviews(self) -> None:
         for key in due_reviews(self.review_context):
             self._tell("reviewer", Review(key))
+
+    def _append(self, new: NewMessage, trust: str, peak: int | None) -> Message:
+        # Committed on the caller's thread in the conversation's order, then cached (A1).
+        self._check_running()
+        with self.registry.ordering(new.key):
+            stored = write_through(self.committer, new, trust=trust, peak_prompt_tokens=peak)
+            self.registry.tell_if_live(new.key, Appended(stored))
+        return stored
 
     def _ask(self, key: ConversationKey, message: Any) -> Any:
         self._check_running()

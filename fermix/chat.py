@@ -20,8 +20,8 @@ from rich.markup import escape
 
 from fermix import llm
 from fermix.api import Memory
-from fermix.conversation import Conversation
 from fermix.config import Config, Home
+from fermix.conversation import Conversation
 from fermix.errors import FermixError, ModelError
 from fermix.storage import resources
 

@@ -307,11 +307,13 @@ def _from_tables(data: Mapping[str, object], source: str) -> Config:
     return Config(**sections)
 
 
-def defaults_toml() -> str:
+def defaults_toml(values: Mapping[str, object] | None = None) -> str:
     """Render a ``config.toml`` with every key commented out at its default.
 
-    A key that is unset by default is shown at an example value instead.
+    A key that is unset by default is shown at an example value instead. A key in
+    ``values`` (dotted name to TOML value) is written uncommented at that value, in place.
     """
+    chosen = values or {}
     lines = [
         "# fermix configuration. Every key is shown commented out at its default (or, if it",
         "# is unset by default, at an example value); uncomment a line to change it.",
@@ -320,7 +322,101 @@ def defaults_toml() -> str:
         lines += ["", f"[{ROOT_TABLE}.{section}]"]
         for f in fields(cls):
             key = KEYS[f"{ROOT_TABLE}.{section}.{f.name}"]
-            shown = key.example if key.default is None else key.default
+            mark = "" if key.dotted in chosen else "# "
+            shown = chosen.get(key.dotted, key.example if key.default is None else key.default)
             value = tomlkit.item(list(shown) if isinstance(shown, tuple) else shown)
-            lines += [f"# {key.doc} Must be {key.kind}.", f"# {f.name} = {value.as_string()}"]
+            lines += [f"# {key.doc} Must be {key.kind}.", f"{mark}{f.name} = {value.as_string()}"]
     return "\n".join(lines) + "\n"
+
+
+# --- editing config.toml in place (``fermix config set``, ``fermix setup``) ---
+
+_SECRET_PREFIXES = ("sk-", "sk_", "pk-", "pk_", "xai-", "gsk_", "ghp_", "hf_", "AIza", "r8_")
+_RANDOM_RUN = re.compile(r"[A-Za-z0-9]{20,}")
+
+
+def looks_like_secret(text: str) -> bool:
+    """Whether ``text`` looks like an API key rather than the name of a variable holding one.
+
+    A known key prefix (``sk-``, ``AIza``...), or a run of 20 or more letters and digits
+    mixing both, as random tokens do and variable names (``OPENAI_API_KEY``) do not.
+    """
+    if text.startswith(_SECRET_PREFIXES):
+        return True
+    return any(
+        any(c.isdigit() for c in run) and any(c.isalpha() for c in run)
+        for run in _RANDOM_RUN.findall(text)
+    )
+
+
+def read_document(path: str | os.PathLike[str]) -> tomlkit.TOMLDocument:
+    """``config.toml`` as a tomlkit document that keeps its comments and layout.
+
+    A missing file is an empty document; unreadable TOML raises :class:`ConfigError`.
+    """
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as fh:
+            return tomlkit.parse(fh.read())
+    except FileNotFoundError:
+        return tomlkit.document()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read config: {exc}") from None
+    except tomlkit.exceptions.ParseError as exc:
+        raise ConfigError(f"{source}: invalid TOML: {exc}") from None
+
+
+def document_values(document: tomlkit.TOMLDocument) -> dict[str, object]:
+    """Every known key set in ``document``, by dotted name, as plain TOML values."""
+    root = document.unwrap().get(ROOT_TABLE)
+    tables = root.items() if isinstance(root, dict) else ()
+    return {
+        f"{ROOT_TABLE}.{section}.{name}": value
+        for section, table in tables
+        if isinstance(table, dict)
+        for name, value in table.items()
+        if f"{ROOT_TABLE}.{section}.{name}" in KEYS
+    }
+
+
+def _section_table(document: tomlkit.TOMLDocument, dotted: str, *, create: bool) -> Any:
+    """The table of ``dotted``'s section in ``document`` (created when asked), else None."""
+    _, section, _ = dotted.split(".")
+    tables: Any = document
+    for name in (ROOT_TABLE, section):
+        if name not in tables:
+            if not create:
+                return None
+            tables.add(name, tomlkit.table(is_super_table=name == ROOT_TABLE))
+        tables = tables[name]
+        if not isinstance(tables, dict):
+            raise ConfigError(f"{ROOT_TABLE}.{section} must be a table, not {_shown(tables)}")
+    return tables
+
+
+def set_document_value(document: tomlkit.TOMLDocument, dotted: str, value: object) -> None:
+    """Set ``dotted`` to ``value`` in ``document``, keeping every other line and comment.
+
+    ``value`` is checked with :func:`validate_key` first (:class:`ConfigError` names the key)
+    and stored as given: ``24`` stays an integer, ``"infinity"`` stays text.
+    """
+    validate_key(dotted, value)
+    stored = list(value) if isinstance(value, tuple) else value
+    _section_table(document, dotted, create=True)[dotted.rsplit(".", 1)[1]] = stored
+
+
+def unset_document_value(document: tomlkit.TOMLDocument, dotted: str) -> bool:
+    """Remove ``dotted`` from ``document`` (back to its default); False if it was not set."""
+    if dotted not in KEYS:
+        raise _unknown(dotted, KEYS, "")
+    table = _section_table(document, dotted, create=False)
+    name = dotted.rsplit(".", 1)[1]
+    if table is None or name not in table:
+        return False
+    del table[name]
+    return True
+
+
+def check_document(document: tomlkit.TOMLDocument, source: str) -> Config:
+    """Load ``document`` exactly as :func:`load_config` would load it from ``source``."""
+    return _from_tables(tomllib.loads(document.as_string()), source)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from fermix.actors.conversation import Append, History, Reload, StateQuery
+from fermix.actors.conversation import History, Reload, StateQuery
 from fermix.errors import InvalidInputError
 from fermix.storage.conversations import ConversationState
 from fermix.storage.messages import ConversationKey, Message, NewMessage
@@ -50,8 +50,7 @@ class Conversation:
             kind=kind,
             metadata=dict(metadata or {}),
         )
-        stored: Message = self.memory._ask(self.key, Append(new, self.trust, peak_prompt_tokens))
-        return stored
+        return self.memory._append(new, self.trust, peak_prompt_tokens)
 
     def append_user(
         self, text: str, *, sender: str = "", metadata: Mapping[str, Any] | None = None

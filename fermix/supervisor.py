@@ -216,6 +216,7 @@ class Supervisor:
         self._clock = clock
         self._parent = claim_link(self.urn)
         self._children: list[_Child] = []  # start order; changed on the worker, under _lock
+        self._index: dict[str, _Child] = {}  # the same children by id, kept in step
         self._restarts: deque[float] = deque()
         self._events: queue.SimpleQueue[_Exit | _Call] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -393,7 +394,7 @@ class Supervisor:
                 logger.exception("on_escalate of supervisor %r failed", self.name)
 
     def _find(self, child_id: str) -> _Child | None:
-        return next((c for c in self._children if c.spec.id == child_id), None)
+        return self._index.get(child_id)
 
     def _start_children(self) -> None:
         try:
@@ -410,6 +411,7 @@ class Supervisor:
         handle = self._start(child)
         with self._lock:
             self._children.append(child)
+            self._index[spec.id] = child
         return handle
 
     def _remove(self, child_id: str) -> None:
@@ -419,6 +421,7 @@ class Supervisor:
         self._stop(child)
         with self._lock:
             self._children.remove(child)
+            del self._index[child.spec.id]
         logger.info("supervisor %r: child %r terminated", self.name, child_id)
 
     def _shutdown(self) -> None:
@@ -482,6 +485,7 @@ class Supervisor:
             if spec.restart is Restart.TEMPORARY:
                 with self._lock:
                     self._children.remove(child)
+                    del self._index[child.spec.id]
             logger.info(
                 "supervisor %r: child %r exited %s; %s, not restarted",
                 *(self.name, spec.id, _how(reason), spec.restart.value),
@@ -513,6 +517,7 @@ class Supervisor:
             self._stop(child)
         with self._lock:
             self._children = [c for c in self._children if c not in group or not _temporary(c)]
+            self._index = {c.spec.id: c for c in self._children}
         started: list[str] = []
         for child in again:
             try:

@@ -16,7 +16,7 @@ from fermix.actors.registry import child_id
 from fermix.api import Memory
 from fermix.config import Config, MemoryConfig
 from fermix.errors import ActorUnavailableError, InvalidInputError, WriteFailedError
-from fermix.storage import memories, messages, open_database, transaction
+from fermix.storage import memories, messages, open_database
 from fermix.storage.memories import Scope
 from fermix.storage.messages import ConversationKey
 
@@ -103,7 +103,9 @@ def test_a1_a_persistent_failure_is_a_typed_error_and_the_cache_does_not_hold_it
 def test_a7_live_actors_stay_under_the_cap_and_come_back_from_sqlite(home: Path) -> None:
     with Memory(home, conversation_cap=5) as memory:
         for i in range(30):
-            memory.conversation("agent", "cli", str(i)).append_user(f"hello {i}")
+            conv = memory.conversation("agent", "cli", str(i))
+            conv.append_user(f"hello {i}")
+            assert [m.content for m in conv.history()] == [f"hello {i}"]  # starts its actor
             assert memory.registry.live_count() <= 5
         assert memory.registry.passivated == 25
         again = memory.conversation("agent", "cli", "0")
@@ -117,8 +119,9 @@ def test_a7_idle_actors_are_passivated(home: Path) -> None:
     with Memory(home, idle_s=60) as memory:
         memory.registry._clock = lambda: now[0]
         memory.conversation("agent", "cli", "old").append_user("x")
+        memory.conversation("agent", "cli", "old").history()  # a read starts its actor
         now[0] = 30.0
-        memory.conversation("agent", "cli", "new").append_user("y")
+        memory.conversation("agent", "cli", "new").history()
         now[0] = 61.0
         assert memory.registry.passivate_idle() == 1
         assert memory.registry.live_count() == 1
@@ -129,6 +132,7 @@ def test_a6_a_crashed_conversation_actor_is_restarted_from_sqlite(memory: Memory
     conv = memory.conversation("agent", "cli", "1")
     for i in range(3):
         conv.append_user(f"m{i}")
+    assert len(conv.history()) == 3  # the actor is live
     supervisor = memory._child_supervisor("conversations")
     before = supervisor.child_ref(child_id(conv.key))
     memory.registry.tell(conv.key, "not a message")  # a failing tell crashes the actor
@@ -169,9 +173,7 @@ def test_a3_the_store_serves_reads_from_cache_until_a_write(memory: Memory) -> N
     assert [r.value for r in memory.list_rows(agent_id="agent")] == ["coffee"]
 
 
-def test_a3_a_write_by_another_process_is_seen_by_the_next_read(
-    memory: Memory, home: Path
-) -> None:
+def test_a3_a_write_by_another_process_is_seen_by_the_next_read(memory: Memory, home: Path) -> None:
     row = memory.write(lambda c: _upsert(c, "drink", "tea"))
     memory.write(lambda c: memories.archive(c, row.id, by="operator", reason="stale"))
     assert memory.list_rows(agent_id="agent") == []
@@ -267,13 +269,23 @@ def test_h1_close_waits_for_writes_in_flight(home: Path) -> None:
     assert len(acked) == 500 or refused
 
 
-def test_a1_a_message_for_another_conversation_is_refused(memory: Memory) -> None:
-    from fermix.actors.conversation import Append
-    from fermix.storage.messages import NewMessage
+def test_a1_the_actor_refuses_a_message_of_another_conversation(memory: Memory) -> None:
+    from fermix.actors.conversation import Appended
 
-    a = ConversationKey("agent", "cli", "a")
-    b = ConversationKey("agent", "cli", "b")
+    a = memory.conversation("agent", "cli", "a")
+    b = memory.conversation("agent", "cli", "b")
+    stored = b.append_user("x")
+    a.append_user("mine")
     with pytest.raises(InvalidInputError):
-        memory.registry.ask(a, Append(NewMessage(b, "user", "x"), "operator"))
-    with transaction(open_database(memory.home.db_path)) as conn:
-        assert messages.count(conn, b) == 0
+        memory.registry.ask(a.key, Appended(stored))
+    assert [m.content for m in a.history()] == ["mine"]
+
+
+def test_a1_a_message_the_actor_already_read_is_not_added_twice(memory: Memory) -> None:
+    from fermix.actors.conversation import Appended
+
+    conv = memory.conversation("agent", "cli", "1")
+    first = conv.append_user("one")
+    conv.history()  # the actor is live and holds "one"
+    memory.registry.ask(conv.key, Appended(first))
+    assert [m.content for m in conv.history()] == ["one"]

@@ -235,6 +235,16 @@ def test_t2_rank_scores_every_document_and_prefers_rare_words(tmp_path: Path) ->
     conn.close()
 
 
+@given(documents=st.lists(st.text(), max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_t2_rank_tokenizes_each_candidate_as_the_table_does(
+    corpus: apsw.Connection, documents: list[str]
+) -> None:
+    tokenize = fts.tokenizer(corpus)
+    expected = [tokenize(doc.replace("\ue000", " ")) for doc in documents]
+    assert fts._tokenize_each(documents, tokenize) == expected
+
+
 # --- the mirrors follow every write (S4, S5) ------------------------------------------------
 
 WORDS = st.lists(st.sampled_from(VOCABULARY), min_size=0, max_size=4).map(" ".join)

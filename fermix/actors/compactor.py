@@ -117,7 +117,10 @@ def compact_conversation(
         {
             "role": "user",
             "content": compaction.transcript(
-                plan.summarize, max_tokens=input_room, model=route.primary
+                plan.summarize,
+                max_tokens=input_room,
+                model=route.primary,
+                costs=plan.costs[: len(plan.summarize)],
             ),
         },
     ]
@@ -169,9 +172,7 @@ def compact_conversation(
 
     stored = ctx.committer.run(write, label=f"compaction of {key.scope_id}")
     ctx.on_compacted(key)
-    after = compaction.message_tokens(stored, route.primary) + sum(
-        compaction.message_tokens(m, route.primary) for m in plan.keep
-    )
+    after = compaction.message_tokens(stored, route.primary) + plan.kept_tokens
     log.info(
         "compacted %s/%s: %d messages summarized, %d kept, %d -> %d tokens",
         *(key.agent_id, key.scope_id, len(plan.summarize), len(plan.keep)),
@@ -236,4 +237,3 @@ class Compactor(SupervisedActor):
                     log.error("compaction of %s/%s failed: %s", key.agent_id, key.scope_id, exc)
                     return CompactionResult(key, "failed", error=str(exc))
         raise TypeError(f"Compactor got an unknown message: {message!r}")
-

@@ -1,10 +1,13 @@
 """``ConversationStore``: one actor per conversation, holding its recent window (A1, A2).
 
-The actor is a thin shell: it owns the window cache and a mailbox, so the appends of one
-conversation are applied one at a time, in order. Every append is handed to the process's
-:class:`~fermix.storage.committer.Committer` and acknowledged only once committed; only then
-does the message enter the cache. A crash or a restart loses nothing: the window is read
-back from SQLite when the actor starts.
+The write-through of an append (:func:`write_through`) runs on the caller's thread, in the
+order the registry's per-conversation lock gives it: the message is handed to the process's
+:class:`~fermix.storage.committer.Committer`, acknowledged only once committed, and only
+then sent to the conversation's actor (:class:`Appended`), which adds it to its window.
+Keeping the actor hop off the write path halves an append's latency and lets concurrent
+appends share commits; a failed write never reaches the cache. A crash or a restart loses
+nothing: the window is read back from SQLite when the actor starts, and a message it
+already read is not added twice.
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
+import apsw
+
 from fermix.actors.base import SupervisedActor
-from fermix.errors import InvalidInputError
+from fermix.errors import InvalidInputError, WriteFailedError
 from fermix.storage import conversations, messages
 from fermix.storage.committer import Committer
 from fermix.storage.conversations import ConversationState
@@ -23,15 +28,10 @@ from fermix.storage.pool import ReaderPool
 log = logging.getLogger(__name__)
 
 
-class Append(NamedTuple):
-    """Write ``message`` through to SQLite, then add it to the window; reply with the row.
+class Appended(NamedTuple):
+    """``message`` was committed: add it to the window unless the window already has it."""
 
-    ``peak_prompt_tokens``, when given, is recorded in the same transaction (K3).
-    """
-
-    message: NewMessage
-    trust: str
-    peak_prompt_tokens: int | None = None
+    message: Message
 
 
 class History(NamedTuple):
@@ -55,13 +55,11 @@ class ConversationStore(SupervisedActor):
         self,
         key: ConversationKey,
         *,
-        committer: Committer,
         readers: ReaderPool,
         max_history: int | None = None,
     ) -> None:
         super().__init__()
         self.key = key
-        self._committer = committer
         self._readers = readers
         self._max_history = max_history
         self._window: list[Message] = []
@@ -79,8 +77,9 @@ class ConversationStore(SupervisedActor):
     def on_receive(self, message: Any) -> Any:
         """Handle one typed message; anything else is a programming error and crashes."""
         match message:
-            case Append(new, trust, peak):
-                return self._append(new, trust, peak)
+            case Appended(stored):
+                self._add(stored)
+                return None
             case History(limit):
                 return list(self._window if limit is None else self._window[-limit:])
             case Reload():
@@ -93,25 +92,37 @@ class ConversationStore(SupervisedActor):
                 return self._state
         raise TypeError(f"ConversationStore got an unknown message: {message!r}")
 
-    def _append(self, new: NewMessage, trust: str, peak: int | None) -> Message:
-        if new.key != self.key:
-            raise InvalidInputError(f"message for {new.key} sent to conversation {self.key}")
-        state = self._state
-        needs_state = state is None or state.owner_id != new.owner_id or state.trust != trust
-
-        def write(conn: Any) -> tuple[Message, ConversationState | None]:
-            fresh = None
-            if needs_state:
-                fresh = conversations.ensure(conn, self.key, owner_id=new.owner_id, trust=trust)
-            stored = messages.insert(conn, new)
-            if peak is not None:
-                conversations.update(conn, self.key, peak_prompt_tokens=peak)
-            return stored, fresh
-
-        stored, fresh = self._committer.run(write, label=f"append to {self.key.scope_id}")
-        if fresh is not None:
-            self._state = fresh
+    def _add(self, stored: Message) -> None:
+        if stored.key != self.key:
+            raise InvalidInputError(f"message for {stored.key} sent to conversation {self.key}")
+        newest = self._window[-1].id if self._window else 0
+        after = 0 if self._state is None else self._state.window_after_id
+        if stored.id <= max(newest, after):
+            return  # read from SQLite when the actor started, or before the window's start
         self._window.append(stored)
         if self._max_history is not None and len(self._window) > self._max_history:
             del self._window[: len(self._window) - self._max_history]
+
+
+def write_through(
+    committer: Committer, new: NewMessage, *, trust: str, peak_prompt_tokens: int | None = None
+) -> Message:
+    """Commit ``new`` (and the conversation's owner, trust and recorded peak) in one unit.
+
+    Returns the stored row once committed; raises :class:`WriteFailedError` after the
+    committer's retries, and then nothing of it was kept (A1).
+    """
+    key = new.key
+
+    def write(conn: apsw.Connection) -> Message:
+        conversations.touch(conn, key, owner_id=new.owner_id, trust=trust)
+        stored = messages.insert(conn, new)
+        if peak_prompt_tokens is not None:
+            conversations.update(conn, key, peak_prompt_tokens=peak_prompt_tokens)
         return stored
+
+    try:
+        return committer.run(write, label=f"append to {key.agent_id}/{key.scope_id}")
+    except WriteFailedError:
+        log.error("append to %s/%s was not written", key.agent_id, key.scope_id)
+        raise

@@ -14,6 +14,7 @@ actor never reads the window while the old one still has an append in flight.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -31,8 +32,10 @@ log = logging.getLogger(__name__)
 
 SpecFactory = Callable[[ConversationKey], ChildSpec]
 ASK_ATTEMPTS = 3
+ORDER_STRIPES = 64
 
 
+@functools.lru_cache(maxsize=4096)
 def child_id(key: ConversationKey) -> str:
     """The supervisor child id of a conversation's actor."""
     return "conversation:" + key.agent_id + "/" + key.scope_id
@@ -58,6 +61,8 @@ class ConversationRegistry:
         self._lock = threading.Lock()
         self._live: OrderedDict[ConversationKey, float] = OrderedDict()  # LRU order
         self._stop = threading.Event()
+        # Appends of one conversation commit and reach its actor in one order (A1).
+        self._stripes = [threading.Lock() for _ in range(ORDER_STRIPES)]
         self._sweeper: threading.Thread | None = None
         self.passivated = 0
         """How many actors were stopped for idleness or the cap (for status and tests)."""
@@ -94,6 +99,34 @@ class ConversationRegistry:
     def tell(self, key: ConversationKey, message: Any) -> None:
         """Send ``message`` to the actor of ``key`` without waiting."""
         self._ref(key).tell(message)
+
+    def ordering(self, key: ConversationKey) -> threading.Lock:
+        """The lock that orders the appends of ``key`` (shared with a few other keys)."""
+        return self._stripes[hash(key) % ORDER_STRIPES]
+
+    def tell_if_live(self, key: ConversationKey, message: Any) -> bool:
+        """Send ``message`` to the actor of ``key`` if it is live; False if it is not.
+
+        An actor that is not live reads its window from SQLite when it starts, so a
+        committed message needs no delivery then.
+        """
+        cid = child_id(key)
+        with self._lock:
+            if key not in self._live:
+                return False
+            self._live.move_to_end(key)
+            self._live[key] = self._clock()
+            try:
+                ref = self._supervisor.await_child(cid)
+            except NotFoundError:
+                del self._live[key]
+                return False
+        assert isinstance(ref, pykka.ActorRef)
+        try:
+            ref.tell(message)
+        except pykka.ActorDeadError:
+            return False  # it died after the lookup: its successor reads SQLite
+        return True
 
     def live_count(self) -> int:
         """How many conversation actors are live."""

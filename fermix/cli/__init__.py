@@ -21,7 +21,7 @@ EXIT_NOT_FOUND = 3
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, every command group registered."""
-    from fermix.cli import chat, memory, resource, supervisor
+    from fermix.cli import chat, config_cmd, doctor, memory, resource, setup, supervisor
 
     parser = argparse.ArgumentParser(
         prog="fermix",
@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     memory.register(sub)
     resource.register(sub)
     supervisor.register(sub)
+    config_cmd.register(sub)
+    doctor.register(sub)
+    setup.register(sub)
     return parser
 
 

@@ -10,12 +10,17 @@ included. Nothing is deleted: the summarized messages stay in SQLite behind the 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
 from fermix.storage.messages import Message
-from fermix.tokens import count_tokens, truncate_to_tokens
+from fermix.tokens import count_tokens, encoding_name_for, truncate_to_tokens
+
+_counts: OrderedDict[tuple[int, int, int, str], int] = OrderedDict()
+_counts_lock = threading.Lock()
 
 BUDGET_RATIO = 0.5
 """The compaction budget: checkpoint plus kept messages fit in this share of the window."""
@@ -23,6 +28,11 @@ MESSAGE_OVERHEAD = 4
 MIN_SUMMARY_TOKENS = 128
 MAX_SUMMARY_TOKENS = 4_096
 FAILURE_BACKOFF_MS = 60_000
+LINE_MARGIN = 2
+"""Tokens added to a transcript line's estimate: its newline, and the one token that can
+move where the text meets the JSON framing."""
+COUNT_CACHE_SIZE = 16_384
+"""Message token counts remembered (least recently used dropped first), about 5 MB."""
 NOTICE = "Trimmed older conversation history to stay within the context window."
 
 SUMMARY_PROMPT = """You compact a conversation so it can continue in a smaller context.
@@ -41,8 +51,24 @@ def due(peak: int | None, context_window: int, threshold: float) -> bool:
 
 
 def message_tokens(message: Message, model: str | None) -> int:
-    """The tokens one message costs in a prompt, by tiktoken."""
-    return count_tokens(message.content, model) + MESSAGE_OVERHEAD
+    """The tokens one message costs in a prompt, by tiktoken.
+
+    Counts are remembered by message id, text length and text hash (the next compaction
+    of a conversation counts again the messages the last one kept): counting is most of a
+    compaction's own time, and a stored message's text does not change.
+    """
+    key = (message.id, len(message.content), hash(message.content), encoding_name_for(model))
+    with _counts_lock:
+        known = _counts.get(key)
+        if known is not None:
+            _counts.move_to_end(key)
+            return known
+    tokens = count_tokens(message.content, model) + MESSAGE_OVERHEAD
+    with _counts_lock:
+        _counts[key] = tokens
+        if len(_counts) > COUNT_CACHE_SIZE:
+            _counts.popitem(last=False)
+    return tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +84,14 @@ class Plan:
     kept messages fit the budget."""
     before_tokens: int
     """Tokens of the whole window before compaction."""
+    costs: tuple[int, ...]
+    """The tokens of each message of the window (``summarize`` then ``keep``), counted
+    once by the plan and reused by :func:`transcript` and :func:`fit_summary`."""
+
+    @property
+    def kept_tokens(self) -> int:
+        """The tokens of the kept messages."""
+        return sum(self.costs[len(self.summarize) :])
 
     @property
     def last_summarized_id(self) -> int:
@@ -72,9 +106,9 @@ def plan(window: Sequence[Message], *, context_window: int, model: str | None) -
     The summary gets a quarter of the budget (between 128 and 4096 tokens, and never more
     than the budget leaves for the checkpoint message); the newest messages that fit the
     rest are kept. A message larger than that on its own is summarized with the rest, and
-    so is every message with an id below one summarized: the window starts after the
+    so is every message with an id below one summarized (the window starts after the
     newest summarized id, and a message kept by an earlier compaction has an id below that
-    compaction's checkpoint.
+    compaction's checkpoint) and a tool result whose call is summarized.
     """
     budget = int(context_window * BUDGET_RATIO)
     limit = budget - MESSAGE_OVERHEAD  # the checkpoint's text, with nothing kept
@@ -95,6 +129,11 @@ def plan(window: Sequence[Message], *, context_window: int, model: str | None) -
         used += costs[index]
         keep_from = index
         kept_min = lowest
+    # a tool result goes with the assistant message that called it: a window must not
+    # start with one whose call was summarized (providers refuse an orphan tool message)
+    while keep_from < len(window) and window[keep_from].role == "tool":
+        used -= costs[keep_from]
+        keep_from += 1
     summarize = tuple(window[:keep_from])
     if not any(m.kind != "checkpoint" for m in summarize):
         return None  # only the old checkpoint, or nothing, is older than what fits
@@ -104,44 +143,71 @@ def plan(window: Sequence[Message], *, context_window: int, model: str | None) -
         budget=budget,
         summary_tokens=limit - used if used else reserve,
         before_tokens=sum(costs),
+        costs=tuple(costs),
     )
 
 
-def transcript(messages: Sequence[Message], *, max_tokens: int, model: str | None) -> str:
+def transcript(
+    messages: Sequence[Message],
+    *,
+    max_tokens: int,
+    model: str | None,
+    costs: Sequence[int] | None = None,
+) -> str:
     """The messages to summarize as JSON lines, the oldest cut first when over ``max_tokens``.
 
     A leading checkpoint is never cut first: it stands for everything before it, so it is
     kept (cut to half of ``max_tokens`` at most) and the oldest messages after it go.
+    ``costs`` (the plan's :func:`message_tokens` of each message) spares counting a line
+    again when JSON escapes nothing in its text: the line then costs its text plus the
+    framing, within :data:`LINE_MARGIN` tokens.
     """
-    lines = [
-        json.dumps({"role": m.role, "kind": m.kind, "text": m.content}, ensure_ascii=False)
-        for m in messages
-    ]
+    lines = [_line(m.role, m.kind, m.content) for m in messages]
+    frames: dict[tuple[str, str], tuple[int, int]] = {}  # (role, kind): (chars, tokens)
+
+    def cost(index: int) -> int:
+        message, line = messages[index], lines[index]
+        if costs is not None:
+            frame = (message.role, message.kind)
+            if frame not in frames:
+                empty = _line(message.role, message.kind, "")
+                frames[frame] = (len(empty), count_tokens(empty, model))
+            chars, frame_tokens = frames[frame]
+            if len(line) == chars + len(message.content):  # JSON escaped nothing
+                return costs[index] - MESSAGE_OVERHEAD + frame_tokens + LINE_MARGIN
+        return count_tokens(line, model) + 1
+
     head: list[str] = []
     room = max_tokens
+    start = 0
     if len(lines) > 1 and messages[0].kind == "checkpoint":
-        first = lines.pop(0)
+        first = lines[0]
+        start = 1
         if count_tokens(first, model) + 1 > max_tokens // 2:
             first = truncate_to_tokens(first, max(0, max_tokens // 2 - 1), model)
         head.append(first)
         room -= count_tokens(first, model) + 1
     kept: list[str] = []
     used = 0
-    for line in reversed(lines):
-        cost = count_tokens(line, model) + 1
-        if used + cost > room:
+    for index in range(len(lines) - 1, start - 1, -1):
+        line_cost = cost(index)
+        if used + line_cost > room:
             if not kept:
-                kept.append(truncate_to_tokens(line, max(0, room), model))
+                kept.append(truncate_to_tokens(lines[index], max(0, room), model))
             break
-        kept.append(line)
-        used += cost
+        kept.append(lines[index])
+        used += line_cost
     kept.reverse()
     return "\n".join(head + kept)
 
 
+def _line(role: str, kind: str, text: str) -> str:
+    return json.dumps({"role": role, "kind": kind, "text": text}, ensure_ascii=False)
+
+
 def fit_summary(summary: str, *, plan: Plan, model: str | None) -> str:
     """The summary cut to the tokens the plan leaves for it, so the result fits the budget."""
-    kept = sum(message_tokens(m, model) for m in plan.keep)
+    kept = plan.kept_tokens
     room = max(1, plan.budget - kept - MESSAGE_OVERHEAD)
     text = summary.strip()
     if count_tokens(text, model) > room:

@@ -1,12 +1,13 @@
 """Group commit: every write of a process goes through one connection, batched (A1, S8).
 
 Callers hand a unit of work (a function of the connection) to :meth:`Committer.run` and get
-its result only after the transaction holding it has committed. Whoever finds the write
-lock free becomes the leader: it takes every unit queued so far, runs them in one
+its result only after the transaction holding it has committed. A caller that finds no
+leader becomes the leader: it takes every unit queued so far, runs them in one
 ``BEGIN IMMEDIATE`` transaction (each in its own savepoint, so one unit's error rolls back
-only that unit) and commits once for all of them. The others wait for the lock, find their
-result ready, and return. Under concurrency many appends share one fsync; alone, a caller
-pays one transaction and no thread hop.
+only that unit) and commits once for all of them, then goes on while others keep queueing
+(a few rounds past its own unit) before it hands the lead on. The others wait on a
+condition, wake when a batch is done, and return their result. Under concurrency many
+appends share one commit; alone, a caller pays one transaction and no thread hop.
 
 A transient failure of the batch (busy, locked, I/O) is retried with tenacity: 3 attempts,
 short jittered waits, re-raising nothing silently. After the last attempt every unit of the
@@ -41,6 +42,10 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 """Errors that can pass: another writer holds the lock, or the disk hiccupped."""
 
 
+MAX_EXTRA_ROUNDS = 4
+"""Batches a leader commits for others after its own, before it hands the lead on."""
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How a failed batch is retried: ``attempts`` in all, waits jittered up to ``max_wait_s``."""
@@ -64,8 +69,10 @@ class Committer:
         self._retry = retry
         self._max_batch = max_batch
         self._queue: deque[tuple[Work, Future[Any], str]] = deque()
-        self._queue_lock = threading.Lock()
-        self._write_lock = threading.Lock()
+        # One condition guards the queue and who leads; followers wait on it, not on a
+        # write lock, so a finished batch wakes them together instead of one by one.
+        self._changed = threading.Condition(threading.Lock())
+        self._leading = False
         self._closed = False
         self.batches = 0
         """Transactions committed, for benchmarks and tests."""
@@ -76,36 +83,64 @@ class Committer:
         ``label`` names the write in logs (e.g. the conversation key of an append).
         """
         future: Future[Any] = Future()
-        with self._queue_lock:
+        with self._changed:
             if self._closed:
                 raise StorageError("the database writer is closed")
             self._queue.append((work, future, label))
-        while not future.done():
-            with self._write_lock:
-                if not future.done():
-                    self._lead()
-        result: T = future.result()
+            while not future.done() and self._leading:
+                self._changed.wait()
+            if future.done():
+                result: T = future.result()
+                return result
+            self._leading = True
+        self._lead_until_done(future)
+        result = future.result()
         return result
+
+    def _lead_until_done(self, own: Future[Any]) -> None:
+        """Commit batches until this caller's unit is done and, for a few more rounds,
+        while others keep queueing; then hand the lead to a waiting caller."""
+        extra_rounds = MAX_EXTRA_ROUNDS
+        try:
+            while True:
+                batch = self._take_batch()
+                if batch:
+                    self._lead(batch)
+                with self._changed:
+                    self._changed.notify_all()
+                    if not self._queue or (own.done() and extra_rounds <= 0):
+                        return
+                if own.done():
+                    extra_rounds -= 1
+        finally:
+            with self._changed:
+                self._leading = False
+                self._changed.notify_all()
 
     def close(self) -> None:
         """Refuse new work, wait for the batch in flight, and close the connection."""
-        with self._queue_lock:
+        with self._changed:
             self._closed = True
-        with self._write_lock:
-            self._lead()
+            while self._leading:
+                self._changed.wait()
+            self._leading = True
+        try:
+            while batch := self._take_batch():
+                self._lead(batch)
+        finally:
+            with self._changed:
+                self._leading = False
+                self._changed.notify_all()
             self._conn.close()
 
     def _take_batch(self) -> list[tuple[Work, Future[Any], str]]:
-        with self._queue_lock:
+        with self._changed:
             batch: list[tuple[Work, Future[Any], str]] = []
             while self._queue and len(batch) < self._max_batch:
                 batch.append(self._queue.popleft())
             return batch
 
-    def _lead(self) -> None:
-        batch = self._take_batch()
-        if not batch:
-            return
+    def _lead(self, batch: list[tuple[Work, Future[Any], str]]) -> None:
         try:
             try:
                 outcomes = self._commit(batch)

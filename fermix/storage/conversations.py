@@ -86,32 +86,19 @@ def get(conn: apsw.Connection, key: ConversationKey) -> ConversationState | None
     return ConversationState(*rows[0]) if rows else None
 
 
-def ensure(
-    conn: apsw.Connection,
-    key: ConversationKey,
-    *,
-    owner_id: str,
-    trust: str,
-    now: int | None = None,
-) -> ConversationState:
-    """The state of ``key``, created or brought to this owner and trust (caller's transaction)."""
+def touch(conn: apsw.Connection, key: ConversationKey, *, owner_id: str, trust: str) -> None:
+    """Create the row of ``key`` or bring it to this owner and trust; writes nothing when
+    both are unchanged (caller's transaction)."""
     check_trust(trust)
-    ts = now_ms() if now is None else now
-    rows = fetch_rows(
-        conn,
+    ts = now_ms()
+    conn.execute(
         "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope, owner_id, trust,"
         " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT (agent_id, channel, chat_id, thread_scope) DO UPDATE SET"
         " owner_id = excluded.owner_id, trust = excluded.trust, updated_at = excluded.updated_at"
-        " WHERE owner_id IS NOT excluded.owner_id OR trust IS NOT excluded.trust"
-        f" RETURNING {_SELECT}",
+        " WHERE owner_id IS NOT excluded.owner_id OR trust IS NOT excluded.trust",
         (*key.as_tuple(), owner_id, trust, ts, ts),
     )
-    if rows:
-        return ConversationState(*rows[0])
-    state = get(conn, key)
-    assert state is not None
-    return state
 
 
 def update(conn: apsw.Connection, key: ConversationKey, **fields: Any) -> None:

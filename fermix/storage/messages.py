@@ -244,9 +244,9 @@ def search(
         text, [row[1] for row in found], scope_rows=int(scope_rows), tokenize=fts.tokenizer(conn)
     )
     best = sorted(range(len(found)), key=lambda i: -scores[i])[:limit]
-    hits = []
-    for i in best:
-        message = get(conn, found[i][0])
-        if message is not None:
-            hits.append(SearchHit(message, -scores[i]))
-    return hits
+    ids = json.dumps([found[i][0] for i in best])
+    sql = f"SELECT {_COLUMNS} FROM messages WHERE id IN (SELECT value FROM json_each(?))"
+    rows = conn.execute(sql, (ids,))
+    by_id = {message.id: message for message in map(_row, rows)}
+    # A row deleted since the match is left out rather than failing the search.
+    return [SearchHit(by_id[found[i][0]], -scores[i]) for i in best if found[i][0] in by_id]
