@@ -192,25 +192,38 @@ class Committer:
         )
 
     def _commit(self, batch: list[tuple[Work, Future[Any], str]]) -> list[tuple[bool, Any]]:
+        """Commit the batch in one transaction; each unit's own error goes to its caller.
+
+        Units run first without savepoints (two statements fewer per unit). If one raises,
+        the transaction is rolled back and the batch runs again with a savepoint per unit,
+        so only the failing unit is left out. Transient errors propagate for a retry.
+        """
         conn = self._conn
-        outcomes: list[tuple[bool, Any]] = []
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if len(batch) == 1:
-                # Alone in its batch, a unit needs no savepoint: its error rolls back all.
-                outcomes.append((True, batch[0][0](conn)))
-            else:
-                for work, _, _ in batch:
-                    outcomes.append(self._unit(conn, work))
+            outcomes = [(True, work(conn)) for work, _, _ in batch]
             conn.execute("COMMIT")
         except TRANSIENT_ERRORS:
             self._rollback()
             raise
-        except Exception as exc:  # a lone unit's error goes to its caller
+        except Exception as exc:  # noqa: BLE001 - a unit failed: isolate it, or hand it back
             self._rollback()
-            if len(batch) != 1:
-                raise
-            return [(False, exc)]
+            if len(batch) == 1:
+                return [(False, exc)]
+            return self._commit_isolated(batch)
+        except BaseException:
+            self._rollback()
+            raise
+        return outcomes
+
+    def _commit_isolated(
+        self, batch: list[tuple[Work, Future[Any], str]]
+    ) -> list[tuple[bool, Any]]:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            outcomes = [self._unit(conn, work) for work, _, _ in batch]
+            conn.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
