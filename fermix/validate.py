@@ -13,6 +13,7 @@ from fermix.errors import InvalidInputError, UnsafePathSegmentError
 MAX_IDENTIFIER_CHARS = 200
 MAX_SEGMENT_CHARS = 100
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def text(name: str, value: object, *, max_chars: int, allow_empty: bool = True) -> str:
@@ -35,7 +36,7 @@ def identifier(name: str, value: object, *, allow_empty: bool = False) -> str:
     value = text(name, value, max_chars=MAX_IDENTIFIER_CHARS, allow_empty=allow_empty)
     if not allow_empty and value == "":
         raise InvalidInputError(f"{name} must not be empty")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+    if _CONTROL.search(value):
         raise InvalidInputError(f"{name} must not contain control characters")
     return value
 

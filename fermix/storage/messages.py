@@ -103,6 +103,8 @@ class NewMessage:
 
     def metadata_json(self) -> str:
         """The metadata serialised, refusing values JSON cannot hold."""
+        if not self.metadata:
+            return "{}"
         try:
             encoded = json.dumps(self.metadata, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError, RecursionError) as exc:
