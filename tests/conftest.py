@@ -37,9 +37,12 @@ def db(tmp_path: Path) -> Iterator[apsw.Connection]:
 
 
 @pytest.fixture(autouse=True)
-def _stop_all_actors() -> Iterator[None]:
+def _stop_all_actors(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Stop every actor after each test, except in modules that share one running tree
+    (marked ``keep_actors``: their module-scoped fixture stops it at the end)."""
     yield
-    pykka.ActorRegistry.stop_all()
+    if request.node.get_closest_marker("keep_actors") is None:
+        pykka.ActorRegistry.stop_all()
 
 
 @pytest.fixture

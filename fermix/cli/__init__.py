@@ -47,7 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fermix.cli.context import CommandContext
     from fermix.config import Home
 
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    for argument in arguments:
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError:
+            print(f"fermix: argument {argument!r} is not valid UTF-8 text", file=sys.stderr)
+            return EXIT_USAGE
+    args = build_parser().parse_args(arguments)
     try:
         ctx = CommandContext(Home.resolve(args.home))
         try:

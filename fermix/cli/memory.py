@@ -87,7 +87,7 @@ def _print_rows(ctx: CommandContext, title: str, rows: list[MemoryRow], as_json:
         return
     out = console()
     if not rows:
-        out.print(f"{title}: no rows")
+        out.print(f"{title}: no rows", markup=False)
         return
     out.print(
         table(

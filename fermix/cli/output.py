@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def console() -> Console:
@@ -36,10 +37,14 @@ def clip(text: str, width: int = 60) -> str:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
-    """A rich table with ``columns`` and ``rows`` rendered as plain text."""
-    out = Table(title=title, title_justify="left", show_lines=False)
+    """A rich table with ``columns`` and ``rows`` rendered as plain text.
+
+    Cells and the title are :class:`rich.text.Text`, never markup: stored values such as
+    ``[/INST]`` or ``[bold]`` are shown as they are and cannot break the output.
+    """
+    out = Table(title=Text(title), title_justify="left", show_lines=False)
     for name in columns:
-        out.add_column(name, overflow="fold")
+        out.add_column(Text(name), overflow="fold")
     for row in rows:
-        out.add_row(*("" if cell is None else str(cell) for cell in row))
+        out.add_row(*(Text("" if cell is None else str(cell)) for cell in row))
     return out

@@ -122,7 +122,7 @@ def cmd_history(ctx: CommandContext, args: argparse.Namespace) -> int:
     out = console()
     title = f"{args.name} of {_who(args)}"
     if not revisions:
-        out.print(f"{title}: no revisions")
+        out.print(f"{title}: no revisions", markup=False)
         return 0
     rows = [
         (

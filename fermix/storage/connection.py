@@ -16,7 +16,7 @@ from typing import Any
 
 import apsw
 
-from fermix.errors import StorageError
+from fermix.errors import InvalidInputError, StorageError
 
 BUSY_TIMEOUT_MS = 5_000
 SYNCHRONOUS = "NORMAL"
@@ -90,6 +90,9 @@ def open_database(path: str | os.PathLike[str], *, vfs: str | None = None) -> ap
         check_version(conn)
         apply_settings(conn)
         migrate(conn)
+    except apsw.Error as exc:
+        conn.close()
+        raise StorageError(f"cannot open {path} as a fermix database: {exc}") from exc
     except BaseException:
         conn.close()
         raise
@@ -116,13 +119,21 @@ def transaction(conn: apsw.Connection) -> Iterator[apsw.Connection]:
 
 def fetch_value(conn: apsw.Connection, sql: str, params: tuple[Any, ...] = ()) -> Any:
     """The first column of the first row ``sql`` returns (None when it returns no row)."""
-    for row in conn.execute(sql, params):
-        return row[0]
-    return None
+    rows = fetch_rows(conn, sql, params)
+    return rows[0][0] if rows else None
 
 
 def fetch_rows(
     conn: apsw.Connection, sql: str, params: tuple[Any, ...] | list[Any] = ()
 ) -> list[tuple[Any, ...]]:
-    """Every row ``sql`` returns, as plain tuples."""
-    return [tuple(row) for row in conn.execute(sql, params)]
+    """Every row ``sql`` returns, as plain tuples.
+
+    A parameter that is not valid Unicode (a lone surrogate from a terminal or a model) is
+    an :class:`InvalidInputError`, not an encoding crash.
+    """
+    try:
+        return [tuple(row) for row in conn.execute(sql, params)]
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"a value is not valid Unicode text ({exc.reason})") from None
+    except OverflowError:
+        raise InvalidInputError("a number is too large for SQLite (64-bit integers)") from None
