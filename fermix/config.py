@@ -331,23 +331,6 @@ def defaults_toml(values: Mapping[str, object] | None = None) -> str:
 
 # --- editing config.toml in place (``fermix config set``, ``fermix setup``) ---
 
-_SECRET_PREFIXES = ("sk-", "sk_", "pk-", "pk_", "xai-", "gsk_", "ghp_", "hf_", "AIza", "r8_")
-_RANDOM_RUN = re.compile(r"[A-Za-z0-9]{20,}")
-
-
-def looks_like_secret(text: str) -> bool:
-    """Whether ``text`` looks like an API key rather than the name of a variable holding one.
-
-    A known key prefix (``sk-``, ``AIza``...), or a run of 20 or more letters and digits
-    mixing both, as random tokens do and variable names (``OPENAI_API_KEY``) do not.
-    """
-    if text.startswith(_SECRET_PREFIXES):
-        return True
-    return any(
-        any(c.isdigit() for c in run) and any(c.isalpha() for c in run)
-        for run in _RANDOM_RUN.findall(text)
-    )
-
 
 def read_document(path: str | os.PathLike[str]) -> tomlkit.TOMLDocument:
     """``config.toml`` as a tomlkit document that keeps its comments and layout.

@@ -1,11 +1,10 @@
 """Health checks of a fermix home, and the repairs that are safe to make (S1, S2, S4, S5, C5, E2).
 
-Each check reads and returns a :class:`Check`: a status (``pass``, ``info``, ``warn``,
-``fail`` or ``skip``), a one-line summary, a hint saying what to do, and the name of the
-:data:`FIXES` entry that repairs it when one can. Only derived state is ever repaired: an
-FTS mirror is rebuilt from its content table, a prompt file re-rendered from its rows, an
-expired review claim released (any reviewer would take it over), pending migrations
-applied (as any command does at start). ``memory.db`` itself is never rewritten, and
+Each check reads and returns a :class:`Check`: a status, a one-line summary, a hint saying
+what to do, and the :data:`Fix` that repairs it when one can. Only derived state is ever
+repaired: an FTS mirror is rebuilt from its content table, a prompt file re-rendered from
+its rows, an expired review claim released (any reviewer would take it over), pending
+migrations applied (as any command does at start). ``memory.db`` is never rewritten, and
 litellm is imported only by :func:`check_model`.
 """
 
@@ -26,6 +25,8 @@ from fermix.storage import connection, conversations, migrations
 from fermix.storage.connection import fetch_rows, transaction
 
 Status = Literal["pass", "info", "warn", "fail", "skip"]
+Fix = Literal["migrate", "fts", "prompt_files", "claims"]
+"""What :func:`apply_fixes` can do: migrate, rebuild an FTS mirror, re-render, release."""
 
 FTS_TABLES = ("messages_fts", "memories_fts")
 LOW_DISK_BYTES = 1 << 30
@@ -43,8 +44,8 @@ class Check:
     status: Status
     summary: str
     hint: str = ""
-    fix: str | None = None
-    """The :data:`FIXES` entry that repairs what this check found, if it found something."""
+    fix: Fix | None = None
+    """What repairs what this check found, when it found something repairable."""
     details: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -102,17 +103,18 @@ def open_database(home: Home) -> tuple[Check, apsw.Connection | None]:
     if not path.exists():
         hint = "any command creates it; `fermix doctor --fix` creates it now"
         return Check("database", "warn", f"{path.name} does not exist yet", hint, "migrate"), None
-    conn = connection.raw_connect(path)
+    conn: apsw.Connection | None = None
     try:
+        conn = connection.raw_connect(path)
         migrations.check_version(conn)
         connection.apply_settings(conn)
         version = migrations.current_version(conn)
         pending = migrations.pending(conn)
-    except SchemaTooNewError as exc:
-        conn.close()
-        return Check("database", "fail", str(exc), "upgrade fermix; nothing was changed"), None
     except (apsw.Error, FermixError) as exc:
-        conn.close()
+        if conn is not None:
+            conn.close()
+        if isinstance(exc, SchemaTooNewError):
+            return Check("database", "fail", str(exc), "upgrade fermix; nothing was changed"), None
         hint = "restore memory.db from a backup; fermix cannot open it and did not change it"
         return Check("database", "fail", f"{path.name} cannot be read: {exc}", hint), None
     latest = migrations.latest_version()
@@ -150,7 +152,8 @@ def check_fts(conn: apsw.Connection, table: str) -> Check:
         conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('integrity-check', 1)")
     except apsw.Error as exc:
         hint = "`fermix doctor --fix` rebuilds it from its content table (VALUES('rebuild'))"
-        return Check(table, "fail", f"out of step with its content table: {exc}", hint, "fts")
+        summary = f"index and content table disagree ({type(exc).__name__}: {exc})"
+        return Check(table, "fail", summary, hint, "fts")
     return Check(table, "pass", "matches its content table")
 
 

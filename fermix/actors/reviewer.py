@@ -174,6 +174,16 @@ def _claimed_review(
         model=route.primary,
     )
     result = ReviewResult(key, "nothing", messages=len(packed))
+    if not packed:
+        # Every new message is larger than the whole input budget: nothing to show a model.
+        ctx.committer.run(
+            lambda c: conversations.finish_review(
+                c, key, token=token, now=ctx.clock(), last_message_id=newest
+            ),
+            label=f"review of {key.scope_id}",
+        )
+        log.info("review of %s: no message fits the input budget", key.scope_id)
+        return result
     try:
         answer = llm.complete(
             route,
@@ -289,12 +299,28 @@ def _apply(
                     )
                 )
                 continue
+            new_key = op.key
+            if new_key is not None and new_key != before.key:
+                taken = memories.get_by_key(
+                    conn,
+                    agent_id=before.agent_id,
+                    owner_id=before.owner_id,
+                    scope=before.scope,
+                    key=new_key,
+                )
+                if taken is not None:
+                    # Renaming onto another row's key would fail the whole review: keep the
+                    # row's key and still take the new value.
+                    log.info(
+                        "review kept key %r of row %d: %r is taken", before.key, op.id, new_key
+                    )
+                    new_key = None
             written.append(
                 memories.replace_value(
                     conn,
                     op.id,
                     value=op.value,
-                    key=op.key,
+                    key=new_key,
                     category=op.category,
                     provenance=provenance,
                 )

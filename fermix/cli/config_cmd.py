@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,9 @@ from fermix.config import (
     KEYS,
     Config,
     check_document,
+    defaults_toml,
     document_values,
     load_config,
-    looks_like_secret,
     parse_value,
     read_document,
     set_document_value,
@@ -38,11 +37,32 @@ from fermix.config import (
 from fermix.errors import ConfigError, InvalidInputError
 
 API_KEY_ENV = "fermix_core.model.api_key_env"
+_SECRET_PREFIXES = ("sk-", "sk_", "pk-", "pk_", "xai-", "gsk_", "ghp_", "hf_", "AIza", "r8_")
+_RANDOM_RUN = re.compile(r"[A-Za-z0-9]{20,}")
+
+
+def looks_like_secret(text: str) -> bool:
+    """Whether ``text`` looks like an API key rather than the name of a variable holding one.
+
+    A known key prefix (``sk-``, ``AIza``...), or a run of 20 or more letters and digits
+    mixing both, as random tokens do and variable names (``OPENAI_API_KEY``) do not.
+    """
+    if text.startswith(_SECRET_PREFIXES):
+        return True
+    return any(
+        any(c.isdigit() for c in run) and any(c.isalpha() for c in run)
+        for run in _RANDOM_RUN.findall(text)
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``config`` command group."""
-    group = sub.add_parser("config", help="show and change config.toml, keeping its comments")
+    group = sub.add_parser(
+        "config",
+        help="show and change config.toml, keeping its comments",
+        description="Read and edit config.toml one dotted key at a time"
+        " (fermix_core.memory.review_interval_hours); values are checked as at load.",
+    )
     cmds = group.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
 
     p = cmds.add_parser("show", help="every key's effective value, marking those set in the file")
@@ -108,24 +128,20 @@ def toml_literal(value: object) -> str:
 
 
 def write_document(path: Path, document: tomlkit.TOMLDocument) -> None:
-    """Replace ``path`` with ``document`` atomically (temp, fsync, rename), keeping its mode."""
+    """Replace ``path`` with ``document`` atomically (temp, fsync, rename), keeping its mode.
+
+    A new file gets the mode the umask gives (the temporary file would be 0600).
+    """
     from fermix.memory.prompt_files import write_atomic
 
     try:
-        mode: int | None = stat.S_IMODE(path.stat().st_mode)
+        mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
-        mode = None
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     write_atomic(path, document.as_string())
-    if mode is not None:
-        os.chmod(path, mode)
-
-
-@contextmanager
-def editing(path: Path) -> Iterator[tomlkit.TOMLDocument]:
-    """Read config.toml as a document, let the block change it, then write it back atomically."""
-    document = read_document(path)
-    yield document
-    write_document(path, document)
+    os.chmod(path, mode)
 
 
 def effective(config: Config, dotted: str) -> object:
@@ -203,8 +219,12 @@ def cmd_set(ctx: CommandContext, args: argparse.Namespace) -> int:
     value = parse_value(args.value)
     checked_value(args.key, value)
     path = ctx.home.config_path
-    with editing(path) as document:
+    if path.exists():
+        document = read_document(path)
         set_document_value(document, args.key, value)
+    else:  # a new file lists every key, this one uncommented in its place
+        document = tomlkit.parse(defaults_toml({args.key: value}))
+    write_document(path, document)
     console().print(f"{args.key} = {toml_literal(value)}  ({path})", markup=False)
     return _still_loads(document, path)
 

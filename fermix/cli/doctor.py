@@ -22,7 +22,13 @@ _STYLE = {"pass": "green", "info": "cyan", "warn": "yellow", "fail": "bold red",
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``doctor`` command."""
-    p = sub.add_parser("doctor", help="check the home's health; --fix repairs what is safe")
+    p = sub.add_parser(
+        "doctor",
+        help="check the home's health; --fix repairs what is safe",
+        description="Check the home: database and migrations, integrity, FTS mirrors, prompt"
+        " files, review claims and gates, disk space (and the model route with --model-check)."
+        " Exit 1 when a check fails.",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument(
         "--fix",

@@ -108,17 +108,40 @@ Answers = dict[str, object]
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``setup`` command."""
-    p = sub.add_parser("setup", help="a wizard that writes config.toml (or --non-interactive)")
+    p = sub.add_parser(
+        "setup",
+        help="a wizard that writes config.toml (or --non-interactive)",
+        description="Write config.toml: the model route, review interval, compaction and voice"
+        " transcripts. Starts from the current values; Enter keeps one, - clears an optional"
+        " one. Without --non-interactive it asks on the terminal.",
+    )
     p.add_argument(
         "--non-interactive", action="store_true", help="take the answers from flags, ask nothing"
     )
-    p.add_argument("--model", help="primary litellm model (- for none)")
-    p.add_argument("--fallback", action="append", help="a fallback model (repeatable; - for none)")
-    p.add_argument("--api-base", help="model server base URL (- for the provider's own)")
-    p.add_argument("--api-key-env", help="NAME of the variable holding the API key (- for none)")
-    p.add_argument("--review-interval-hours", help="hours between reviews (0 disables them)")
+    p.add_argument("--model", metavar="MODEL", help="primary litellm model (- for none)")
+    p.add_argument(
+        "--fallback",
+        metavar="MODEL",
+        action="append",
+        help="a fallback model (repeatable; - for none)",
+    )
+    p.add_argument(
+        "--api-base", metavar="URL", help="model server base URL (- for the provider's own)"
+    )
+    p.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="NAME of the variable holding the API key (- for none)",
+    )
+    p.add_argument(
+        "--review-interval-hours", metavar="HOURS", help="hours between reviews (0 disables them)"
+    )
     p.add_argument("--compaction", action=argparse.BooleanOptionalAction, help="compaction on/off")
-    p.add_argument("--compaction-threshold", help="fraction of the context window, in (0, 1]")
+    p.add_argument(
+        "--compaction-threshold",
+        metavar="FRACTION",
+        help="fraction of the context window, in (0, 1]",
+    )
     p.add_argument("--voice", action=argparse.BooleanOptionalAction, help="store voice transcripts")
     p.add_argument(
         "--test-model", action="store_true", help="test the route with one tiny call first"
@@ -181,7 +204,7 @@ def ask(out: Console, question: Question, current: object) -> object:
             out.print(f"[red]{escape(str(exc))}[/] Try again.")
 
 
-def test_route(out: Console, config: Config, answers: Answers) -> bool:
+def try_route(out: Console, config: Config, answers: Answers) -> bool:
     """Make one tiny call through the answered route and say how it went."""
     from fermix import llm
     from fermix.doctor import TINY_PROMPT
@@ -207,6 +230,8 @@ def test_route(out: Console, config: Config, answers: Answers) -> bool:
 
 def wizard(out: Console, config: Config, answers: Answers) -> Answers:
     """Ask every question, starting from ``answers``; return the new answers."""
+    from rich.prompt import Confirm
+
     answers = dict(answers)
     out.print("[bold]fermix setup[/]: Enter keeps the value in (parentheses).")
     while True:
@@ -218,13 +243,11 @@ def wizard(out: Console, config: Config, answers: Answers) -> Answers:
             out.print(f"note: {env} is not set here; set it wherever fermix runs")
         if answers[PRIMARY.key] is None:
             break
-        from rich.prompt import Confirm
-
         if not Confirm.ask(
             "Test the model route with one tiny call now?", default=True, console=out
         ):
             break
-        if test_route(out, config, answers) or not Confirm.ask(
+        if try_route(out, config, answers) or not Confirm.ask(
             "Change the model route?", default=True, console=out
         ):
             break
@@ -303,7 +326,7 @@ def cmd_setup(ctx: CommandContext, args: argparse.Namespace) -> int:
     answers = starting_answers(config, document_values(document))
     if args.non_interactive:
         answers = _flag_answers(args, answers)
-        if args.test_model and not test_route(out, config, answers):
+        if args.test_model and not try_route(out, config, answers):
             print("fermix: model test failed; config.toml was not written", file=sys.stderr)
             return 1
     elif not sys.stdin.isatty():
@@ -339,6 +362,6 @@ def _confirm(out: Console, path: object, text: str) -> bool:
     out.print(text.rstrip("\n"), markup=False, highlight=False, soft_wrap=True)
     out.rule(characters="-")
     try:
-        return Confirm.ask(f"Write {path}?", default=True, console=out)
+        return Confirm.ask(escape(f"Write {path}?"), default=True, console=out)
     except EOFError:
         return False
