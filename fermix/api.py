@@ -44,10 +44,11 @@ from fermix.actors.store import GetRow, ListRows, Store, Write, list_filters
 from fermix.config import Config, Home, load_config
 from fermix.conversation import Conversation
 from fermix.errors import ActorUnavailableError, InvalidInputError, SupervisorEscalationError
-from fermix.memory import commands
+from fermix.memory import commands, prompt_files
 from fermix.memory.composer import PromptComposer
 from fermix.storage import conversations, open_database
 from fermix.storage.committer import Committer
+from fermix.storage.connection import connect
 from fermix.storage.memories import MemoryRow
 from fermix.storage.messages import ConversationKey, Message, NewMessage
 from fermix.storage.pool import ReaderPool
@@ -92,6 +93,8 @@ class Memory:
         """Reads the prompt files for :meth:`Conversation.compose` (P1)."""
         self.tools = MemoryTools(self)
         """The agent's memory tools: ``schemas()`` and ``run(tool_call, conversation)`` (T4)."""
+        self._rendered: set[tuple[str, str]] = set()
+        self._render_lock = threading.Lock()
         self.failure: SupervisorEscalationError | None = None
         """Why the actor tree gave up, if it did; every later call then raises."""
 
@@ -233,6 +236,26 @@ class Memory:
                 hook(conv)
             except Exception:
                 log.exception("post-delivery %s failed for %s", name, conv.key)
+
+    def ensure_prompt_files(self, agent_id: str, owner_id: str) -> None:
+        """Render the prompt files of this agent and owner once if they were never written.
+
+        Rebuilds after a memory write cover the owners that already have files; an owner
+        seen for the first time (a new guest, say) still gets the agent's shared rows.
+        """
+        pair = (agent_id, owner_id)
+        if pair in self._rendered:
+            return
+        with self._render_lock:
+            if pair in self._rendered:
+                return
+            if not any(p.exists() for p in prompt_files.paths(self.home, agent_id, owner_id)):
+                conn = connect(self.home.db_path, vfs=self._vfs)
+                try:
+                    prompt_files.rebuild(conn, self.home, agent_id, owner_id)
+                finally:
+                    conn.close()
+            self._rendered.add(pair)
 
     # -- memory rows, through the Store's read-through cache (A3) ------------------------
 

@@ -73,6 +73,7 @@ class Conversation:
         """The litellm messages for the next model call: system prompt, the fenced
         ``<memory-context>`` block (USER.md, MEMORY.md of this agent and owner), then the
         window (P1, T5)."""
+        self.memory.ensure_prompt_files(self.key.agent_id, self.owner_id)
         return self.memory.composer.compose(
             system, self.key.agent_id, self.history(limit), owner_id=self.owner_id
         )

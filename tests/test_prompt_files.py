@@ -398,3 +398,24 @@ def test_c4_rows_that_show_nothing_never_crowd_a_section_out_of_its_newest_facts
     memory_md = rebuild(conn, home, "bot").memory_md.content
     assert all(f"Context fact {i}" in memory_md for i in range(6))
     assert "tool fact" not in memory_md
+
+
+def test_c5_a_new_owner_sees_the_agents_shared_rows_on_the_first_compose(tmp_path: Path) -> None:
+    from fermix.api import Memory
+
+    with Memory(tmp_path / "home") as memory:
+        memory.write(
+            lambda c: memories.upsert(
+                c,
+                agent_id="bot",
+                owner_id="",
+                scope=categories.agent_scope("bot"),
+                category="directive",
+                key="tone",
+                value="Answers in a friendly tone",
+                promote_target="memory_md",
+            )
+        )
+        newcomer = memory.conversation("bot", "cli", "9", owner_id="newcomer", trust="guest")
+        system = "\n".join(m["content"] for m in newcomer.compose("sys") if m["role"] == "system")
+        assert "Answers in a friendly tone" in system

@@ -108,6 +108,12 @@ def prompt_dir(home: Home, agent_id: str, owner_id: str = "") -> Path:
     return base if owner_id == "" else base / OWNERS_DIR / owner_segment(owner_id)
 
 
+def paths(home: Home, agent_id: str, owner_id: str = "") -> tuple[Path, Path]:
+    """The paths of USER.md and MEMORY.md of ``agent_id`` for ``owner_id``."""
+    folder = prompt_dir(home, agent_id, owner_id)
+    return (folder / FILES[0].filename, folder / FILES[1].filename)
+
+
 def file_path(home: Home, agent_id: str, name: str, owner_id: str = "") -> Path:
     """The path of resource ``name`` (``user_md`` or ``memory_md``)."""
     return prompt_dir(home, agent_id, owner_id) / file_spec(resources.check_name(name)).filename
