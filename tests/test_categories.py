@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import ROW_DEFAULTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,30 +29,7 @@ USER_CATS = ("identity", "preference", "interest", "goal")
 
 def row(**overrides: Any) -> MemoryRow:
     """A live USER.md row of agent ``bot`` and owner ``alice``, changed by ``overrides``."""
-    fields: dict[str, Any] = {
-        "id": 1,
-        "agent_id": "bot",
-        "owner_id": "alice",
-        "scope_type": "owner",
-        "scope_id": "alice",
-        "category": "identity",
-        "key": "k",
-        "value": "v",
-        "confidence": 1.0,
-        "promote_target": "user_md",
-        "source_id": None,
-        "source_type": None,
-        "source_name": None,
-        "source_description": None,
-        "session_id": None,
-        "run_id": None,
-        "source_message_id": None,
-        "archived_at": None,
-        "archived_by": None,
-        "archive_reason": None,
-        "created_at": 1,
-        "updated_at": 1,
-    }
+    fields: dict[str, Any] = dict(ROW_DEFAULTS)
     fields.update(overrides)
     return MemoryRow(**fields)
 

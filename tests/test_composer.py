@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import ROW_DEFAULTS
 
 from fermix.config import Home
 from fermix.memory import categories, composer, prompt_files, render
@@ -48,28 +49,9 @@ FENCE_TAG = re.compile(r"<\s*/?\s*memory-context\s*>", re.IGNORECASE)
 INVISIBLE = re.compile("[\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff\U000e0000-\U000e007f]")
 
 _ROW: dict[str, Any] = {
-    "id": 1,
-    "agent_id": "bot",
+    **ROW_DEFAULTS,
     "owner_id": "",
-    "scope_type": "owner",
     "scope_id": categories.DEFAULT_OWNER_SCOPE_ID,
-    "category": "identity",
-    "key": "k",
-    "value": "v",
-    "confidence": 1.0,
-    "promote_target": "user_md",
-    "source_id": None,
-    "source_type": None,
-    "source_name": None,
-    "source_description": None,
-    "session_id": None,
-    "run_id": None,
-    "source_message_id": None,
-    "archived_at": None,
-    "archived_by": None,
-    "archive_reason": None,
-    "created_at": 1,
-    "updated_at": 1,
 }
 
 

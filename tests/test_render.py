@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from factories import memory_row
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,35 +26,10 @@ from fermix.memory.render import (
 from fermix.storage.memories import CATEGORIES, MemoryRow
 from fermix.tokens import count_tokens
 
-_ROW_DEFAULTS: dict[str, Any] = {
-    "id": 1,
-    "agent_id": "bot",
-    "owner_id": "alice",
-    "scope_type": "owner",
-    "scope_id": "alice",
-    "category": "identity",
-    "key": "k",
-    "value": "v",
-    "confidence": 1.0,
-    "promote_target": "user_md",
-    "source_id": None,
-    "source_type": None,
-    "source_name": None,
-    "source_description": None,
-    "session_id": None,
-    "run_id": None,
-    "source_message_id": None,
-    "archived_at": None,
-    "archived_by": None,
-    "archive_reason": None,
-    "created_at": 1,
-    "updated_at": 1,
-}
-
 
 def row(**overrides: Any) -> MemoryRow:
     """A live USER.md identity row of agent ``bot`` and owner ``alice``, changed by overrides."""
-    return MemoryRow(**{**_ROW_DEFAULTS, **overrides})
+    return memory_row(**overrides)
 
 
 def profile(i: int, category: str, value: str, updated_at: int | None = None) -> MemoryRow:
