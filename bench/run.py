@@ -1,0 +1,716 @@
+"""Run every benchmark and write one report, ``bench/RESULTS.md`` (issue 8, item 6).
+
+Usage: ``python bench/run.py [--quick] [--timeout S] [--only NAME ...] [--output PATH]
+[--note TEXT]``
+
+Each script of ``bench/`` runs as its own process (``python bench/NAME.py [--quick]``),
+one after another so that they do not load the machine for each other, with a time limit
+each. A script's figures are the JSON object it prints last. The report gives, for each
+benchmark, every figure of :data:`FIGURES` beside its baseline from the same run, their
+ratio and the target from the issues, whether it was met, and the machine it ran on; the
+JSON lines themselves go in an appendix.
+
+``--quick`` passes ``--quick`` to every script: small sizes, a few minutes in all, for CI.
+Without it each script runs its full size, to be run by hand.
+
+A missed target is a finding, not a failure: the exit code is 0 when every script gave its
+figures, 1 when one crashed, timed out, printed no JSON or is missing. The last line
+printed is one JSON object: ``{benchmark: {"ok", "targets_met", "targets", "not_measured"}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import operator
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+import apsw
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+DEFAULT_OUTPUT = BENCH / "RESULTS.md"
+QUICK_TIMEOUT_S = 600.0
+FULL_TIMEOUT_S = 3600.0
+STDERR_TAIL_LINES = 25
+
+_OPS: dict[str, Callable[[Any, Any], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">=": operator.ge,
+    "==": operator.eq,
+}
+_SHOWN_OPS = {"<": "<", "<=": "≤", ">=": "≥", "==": "="}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A bound one figure must meet, from the issue that set it."""
+
+    op: str
+    bound: float | bool
+    on_ratio: bool = False  # the bound applies to the ratio column, not to fermix's figure
+    plus: str | None = None  # the bound is added to this figure of the same run
+    source: str = ""
+
+    def threshold(self, figures: Mapping[str, Any]) -> float | bool | None:
+        """The bound for this run, or None when a figure it depends on is missing."""
+        if self.plus is None:
+            return self.bound
+        base = figures.get(self.plus)
+        return None if base is None else base + self.bound
+
+    def describe(self, figures: Mapping[str, Any]) -> str:
+        """The target as the report shows it."""
+        subject = "ratio " if self.on_ratio else ""
+        if self.plus is None:
+            return f"{subject}{_SHOWN_OPS[self.op]} {bound_text(self.bound)}"
+        return (
+            f"{subject}{_SHOWN_OPS[self.op]} {self.plus} + {bound_text(self.bound)}"
+            f" = {fmt(self.threshold(figures))}"
+        )
+
+
+def bound_text(bound: float | bool) -> str:
+    """A target's bound as the issues write it: 58.8, 0.5, 500, false."""
+    return str(bound).lower() if isinstance(bound, bool) else f"{bound:g}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One row of a benchmark's table: JSON keys of fermix's figure and of its baseline."""
+
+    label: str
+    fermix: str
+    baseline: str | None = None
+    baseline_label: str = ""
+    ratio: str | None = None  # the script's own ratio key; otherwise fermix / baseline
+    target: Target | None = None
+    if_null: str = ""  # why the script may print null for this row's figures
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One script of ``bench/`` and what its report section says."""
+
+    title: str
+    figures: tuple[Figure, ...]
+    quick_note: str = ""
+
+
+# Every figure the report shows and every target, in one place. Targets come from the
+# issues: recall from 2, append from 3, prompt from 4, review from 5, compact from 6, the
+# CLI's start from 2 (item 7).
+FIGURES: dict[str, Benchmark] = {
+    "recall": Benchmark(
+        "turn-level recall of history search on LoCoMo",
+        (
+            Figure(
+                "turn R@10 (%)",
+                "turn_r10",
+                "baseline_porter_r10",
+                "porter, minus stopwords",
+                target=Target(">=", 58.8, source="issue 2"),
+            ),
+            Figure(
+                "turn R@10 (%), unicode61 baseline",
+                "turn_r10",
+                "baseline_unicode_r10",
+                "words OR-ed, unicode61",
+            ),
+            Figure(
+                "turn R@10 (%), bm25 alone",
+                "plain_fts5_r10",
+                "baseline_porter_r10",
+                "porter, minus stopwords",
+            ),
+            Figure("turn R@5 (%)", "turn_r5"),
+            Figure("turn R@20 (%)", "turn_r20"),
+            Figure("query p50 (ms)", "p50_ms"),
+            Figure("query p99 (ms)", "p99_ms"),
+        ),
+        "only the first LoCoMo conversation, not the whole file the 58.8 target is set on",
+    ),
+    "append": Benchmark(
+        "append throughput, latency and footprint",
+        (
+            Figure(
+                "sequential appends (msg/s)",
+                "fermix_seq_msgs_s",
+                "raw_seq_msgs_s",
+                "raw apsw, one commit each",
+                ratio="seq_ratio_vs_raw",
+                target=Target(">=", 0.5, on_ratio=True, source="issue 3"),
+            ),
+            Figure(
+                "64 conversations, 8 threads (msg/s)",
+                "fermix_concurrent_msgs_s",
+                "raw_seq_msgs_s",
+                "raw apsw, one commit each",
+                ratio="concurrent_ratio_vs_raw",
+                target=Target(">=", 1.0, on_ratio=True, source="issue 3"),
+            ),
+            Figure(
+                "sequential vs LangChain (msg/s)",
+                "fermix_seq_msgs_s",
+                "langchain_msgs_s",
+                "SQLChatMessageHistory",
+                ratio="ratio_vs_langchain",
+                target=Target(">=", 10.0, on_ratio=True, source="issue 3"),
+                if_null="LangChain not installed: `pip install -e '.[bench]'`",
+            ),
+            Figure(
+                "sequential vs LangChain on WAL (msg/s)",
+                "fermix_seq_msgs_s",
+                "langchain_wal_msgs_s",
+                "SQLChatMessageHistory, WAL",
+                ratio="ratio_vs_langchain_wal",
+                if_null="LangChain not installed: `pip install -e '.[bench]'`",
+            ),
+            Figure(
+                "threads after touching N conversations",
+                "threads_after_10k",
+                "thread_cap",
+                "conversation cap",
+                target=Target("<=", 16, plus="thread_cap", source="issue 3"),
+            ),
+            Figure("append p50 (µs)", "p50_append_us", "raw_p50_append_us", "raw apsw"),
+            Figure("append p99 (µs)", "p99_append_us", "raw_p99_append_us", "raw apsw"),
+            Figure("append p50, concurrent (µs)", "p50_append_us_concurrent"),
+            Figure("append p99, concurrent (µs)", "p99_append_us_concurrent"),
+            Figure(
+                "RSS after N conversations (MB)",
+                "rss_mb_after_10k",
+                "rss_mb_before_10k",
+                "RSS before",
+            ),
+            Figure("conversations touched (N)", "conversations_touched"),
+        ),
+        "1,000 conversations instead of 10,000, 60 LangChain messages instead of 1,000",
+    ),
+    "prompt": Benchmark(
+        "prompt-file rebuild and prompt composition",
+        (
+            Figure(
+                "rebuild after one change, 10k rows (ms)",
+                "rebuild_ms_10k",
+                "raw_read_ms_10k",
+                "SELECT of all 10k rows",
+                target=Target("<", 50.0, source="issue 4"),
+            ),
+            Figure(
+                "rebuild, unchanged rows (ms)",
+                "rebuild_unchanged_ms_10k",
+                "raw_read_ms_10k",
+                "SELECT of all 10k rows",
+            ),
+            Figure(
+                "compose a 200-message conversation (ms)",
+                "compose_ms_200",
+                "raw_history_read_ms_200",
+                "SELECT of the 200 messages",
+                ratio="compose_ratio_vs_raw",
+                target=Target("<=", 2.0, on_ratio=True, source="issue 4"),
+            ),
+        ),
+        "5 repetitions instead of 30",
+    ),
+    "review": Benchmark(
+        "fermix's own time in one memory review (model on loopback)",
+        (
+            Figure(
+                "fermix's own work, p50 (ms)",
+                "fermix_ms",
+                "model_roundtrip_ms",
+                "model round trip, p50",
+                target=Target("<", 50.0, source="issue 5"),
+            ),
+            Figure(
+                "fermix's own work, p99 (ms)",
+                "fermix_ms_p99",
+                "model_roundtrip_ms_p99",
+                "model round trip, p99",
+            ),
+            Figure("prompt files rebuilt, p50 (ms)", "rebuild_ms_p50"),
+            Figure("claim + transaction, p50 (ms)", "writes_ms_p50"),
+            Figure("rest (reads, pack, parse, admit), p50 (ms)", "rest_ms_p50"),
+        ),
+        "5 reviews instead of 30",
+    ),
+    "compact": Benchmark(
+        "fermix's own time in one compaction of a 100k-token window (model on loopback)",
+        (
+            Figure(
+                "fermix's own work, p50 (ms)",
+                "fermix_ms",
+                "model_roundtrip_ms",
+                "model round trip, p50",
+                target=Target("<", 100.0, source="issue 6"),
+            ),
+            Figure(
+                "fermix's own work, p99 (ms)",
+                "fermix_p99_ms",
+                "model_roundtrip_p99_ms",
+                "model round trip, p99",
+            ),
+            Figure(
+                "plan: token counts (ms)",
+                "fermix_plan_ms",
+                "tiktoken_window_ms",
+                "one bare tiktoken pass",
+            ),
+            Figure(
+                "second compaction, p50 (ms)",
+                "fermix_again_ms",
+                "model_roundtrip_ms",
+                "model round trip, p50",
+            ),
+        ),
+        "5 rounds after 1 warm-up instead of 20 after 3",
+    ),
+    "cli_start": Benchmark(
+        "`fermix memory list` on an empty home, as a process",
+        (
+            Figure(
+                "memory list, p50 (ms)",
+                "memory_list_ms_p50",
+                "python_start_ms_p50",
+                "`python -c pass`, p50",
+                target=Target("<", 500.0, source="issue 2"),
+            ),
+            Figure(
+                "memory list, p95 (ms)",
+                "memory_list_ms_p95",
+                "python_start_ms_p95",
+                "`python -c pass`, p95",
+            ),
+            Figure(
+                "memory list on a new directory, p50 (ms)",
+                "memory_list_fresh_ms_p50",
+                "python_start_ms_p50",
+                "`python -c pass`, p50",
+            ),
+            Figure(
+                "litellm imported",
+                "litellm_imported",
+                target=Target("==", False, source="issue 2"),
+            ),
+        ),
+        "7 runs of each instead of 30",
+    ),
+}
+
+
+@dataclass
+class Outcome:
+    """What one script's run gave: its figures, or why there are none."""
+
+    name: str
+    script: Path
+    figures: dict[str, Any] | None = None
+    error: str = ""
+    returncode: int | None = None
+    seconds: float = 0.0
+    load: tuple[float, float] = (0.0, 0.0)
+    stderr_tail: list[str] = field(default_factory=list)
+    raw_line: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """The script printed its figures."""
+        return self.figures is not None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One evaluated row of a benchmark's table."""
+
+    figure: Figure
+    value: Any
+    baseline: Any
+    ratio: float | None
+    target: str
+    verdict: str  # "met", "missed", "not measured" or "" when the row has no target
+    absent: tuple[str, ...]  # keys the row reads that the script's JSON does not have
+
+
+def scripts(only: Sequence[str]) -> list[str]:
+    """Benchmark names to run: those of FIGURES, then any other script found in bench/."""
+    found = sorted(p.stem for p in BENCH.glob("*.py") if p.name != Path(__file__).name)
+    names = [*FIGURES, *(n for n in found if n not in FIGURES)]
+    return [n for n in names if not only or n in only]
+
+
+def last_json(stdout: str) -> tuple[dict[str, Any] | None, str]:
+    """The JSON object on the last non-empty line of ``stdout``, and that line."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None, ""
+    try:
+        value = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None, lines[-1]
+    return (value if isinstance(value, dict) else None), lines[-1]
+
+
+def run_script(name: str, quick: bool, timeout: float) -> Outcome:
+    """Run ``bench/NAME.py`` in its own process group and collect its last JSON line."""
+    script = BENCH / f"{name}.py"
+    outcome = Outcome(name, script)
+    load_start = os.getloadavg()[0]
+    if not script.is_file():
+        outcome.error = f"bench/{name}.py does not exist"
+        outcome.load = (load_start, load_start)
+        return outcome
+    command = [sys.executable, str(script), *(["--quick"] if quick else [])]
+    start = time.monotonic()
+    # Its own session, so a timeout ends the script and anything it started.
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        outcome.error = f"timed out after {timeout:g} s"
+    outcome.seconds = time.monotonic() - start
+    outcome.load = (load_start, os.getloadavg()[0])
+    outcome.returncode = process.returncode
+    outcome.stderr_tail = stderr.splitlines()[-STDERR_TAIL_LINES:]
+    if outcome.error:
+        return outcome
+    figures, line = last_json(stdout)
+    outcome.raw_line = line
+    if process.returncode < 0:
+        outcome.error = f"killed by signal {-process.returncode}"
+    elif figures is None:
+        outcome.error = f"exited {process.returncode} without a JSON object as its last line"
+    else:
+        outcome.figures = figures
+    return outcome
+
+
+def fmt(value: Any) -> str:
+    """A figure as the report shows it."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        size = abs(value)
+        if size >= 1000:
+            return f"{value:,.0f}"
+        if size >= 10:
+            return f"{value:.1f}"
+        if size >= 0.1 or size == 0:
+            return f"{value:.2f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def evaluate(figure: Figure, figures: Mapping[str, Any]) -> Row:
+    """Read one row's figures from a script's JSON and judge its target."""
+    target = figure.target
+    keys = (figure.fermix, figure.baseline, figure.ratio, target.plus if target else None)
+    absent = tuple(k for k in keys if k is not None and k not in figures)
+    value = figures.get(figure.fermix)
+    baseline = figures.get(figure.baseline) if figure.baseline else None
+    ratio: float | None = None
+    if figure.ratio is not None:
+        ratio = figures.get(figure.ratio)
+    elif _is_number(value) and _is_number(baseline) and baseline != 0:
+        ratio = value / baseline
+    if target is None:
+        return Row(figure, value, baseline, ratio, "", "", absent)
+    subject = ratio if target.on_ratio else value
+    bound = target.threshold(figures)
+    measured = subject is not None and bound is not None
+    verdict = "not measured"
+    if measured:
+        verdict = "met" if _OPS[target.op](subject, bound) else "missed"
+    return Row(figure, value, baseline, ratio, target.describe(figures), verdict, absent)
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def rows_of(outcome: Outcome) -> list[Row]:
+    """The evaluated rows of one benchmark; none when it gave no figures."""
+    bench = FIGURES.get(outcome.name)
+    if outcome.figures is None or bench is None:
+        return []
+    return [evaluate(figure, outcome.figures) for figure in bench.figures]
+
+
+def tally(outcome: Outcome) -> dict[str, Any]:
+    """One benchmark's entry in the summary line."""
+    bench = FIGURES.get(outcome.name)
+    defined = sum(1 for f in bench.figures if f.target) if bench else 0
+    verdicts = [row.verdict for row in rows_of(outcome) if row.verdict]
+    return {
+        "ok": outcome.ok,
+        "targets_met": verdicts.count("met"),
+        "targets": defined,
+        "not_measured": verdicts.count("not measured") if outcome.ok else defined,
+    }
+
+
+def machine() -> dict[str, str]:
+    """What the run ran on, for the report's header."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    return {
+        "CPU": cpu_model(),
+        "cores": f"{os.cpu_count()} ({usable} usable by this process)",
+        "memory": memory(),
+        "OS": platform.platform(),
+        "Python": f"{platform.python_version()} ({sys.executable})",
+        "SQLite": f"{apsw.sqlite_lib_version()} (apsw {apsw.apsw_version()})",
+        "commit": commit(),
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what the platform module knows."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def memory() -> str:
+    """Total memory, and what was available at the start, from /proc/meminfo."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return "unknown"
+    kib = {
+        name: int(rest.split()[0])
+        for name, _, rest in (line.partition(":") for line in meminfo.splitlines())
+        if rest.split() and rest.split()[0].isdigit()
+    }
+    if "MemTotal" not in kib:
+        return "unknown"
+    total = f"{kib['MemTotal'] / 2**20:.1f} GiB total"
+    if "MemAvailable" not in kib:
+        return total
+    return f"{total}, {kib['MemAvailable'] / 2**20:.1f} GiB available at start"
+
+
+def commit() -> str:
+    """The checkout's commit, and whether it had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{head} (with uncommitted changes)" if dirty else head
+
+
+def loadavg() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+VERDICTS = {"met": "yes", "missed": "**MISSED**", "not measured": "not measured", "": ""}
+
+
+@dataclass(frozen=True)
+class Context:
+    """The run as a whole: its mode, the machine, when, and how loaded."""
+
+    quick: bool
+    note: str
+    header: Mapping[str, str]
+    started: datetime.datetime
+    load_start: str
+    load_end: str
+
+
+def report(outcomes: Sequence[Outcome], run: Context) -> str:
+    """The whole of RESULTS.md."""
+    quick, started = run.quick, run.started
+    mode = "quick" if quick else "full"
+    lines = [
+        "# Benchmark results",
+        "",
+        f"A **{mode}** run of `python bench/run.py{' --quick' if quick else ''}`, started"
+        f" {started:%Y-%m-%d %H:%M} UTC. This file is written by that command; do not edit"
+        " it by hand.",
+        "",
+    ]
+    if quick:
+        lines += [
+            "Quick mode gives every script its small sizes and few repetitions (each section"
+            " says which), so CI can run it in a few minutes: it shows where each figure"
+            " stands, not its settled value, and a few targets are set on the full sizes."
+            " For a full run, by hand: `.venv/bin/python bench/run.py` (no `--quick`), which"
+            " rewrites this file.",
+            "",
+        ]
+    if run.note:
+        lines += [f"**{run.note}**", ""]
+    lines += [
+        f"Load: {os.cpu_count()} cores; 1-minute load average {run.load_start.split()[0]} at"
+        f" the start and {run.load_end.split()[0]} at the end (each script's is in the"
+        " summary). Whatever else runs on the machine moves every absolute time; ratios"
+        " against a baseline measured in the same run, in the same process, are steadier."
+        " The scripts ran one after another, never two at once.",
+        "",
+        "How to read a table: *baseline* is measured in the same run; *ratio* is fermix's"
+        " figure divided by the baseline's (for rates above 1 is faster, for times below 1"
+        " is faster; where a script computes its own ratio, its figure is shown). A missed"
+        " target is shown as **MISSED**, never left out.",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in run.header.items()),
+        f"| load average (1 / 5 / 15 min) | {run.load_start} at start, {run.load_end} at end |",
+        f"| date | {started:%Y-%m-%d %H:%M:%S} UTC |",
+        f"| mode | {mode} |",
+        "",
+        "## Summary",
+        "",
+        "| benchmark | script | status | targets met | time (s) | load 1 min, start → end |",
+        "|---|---|---|---|---|---|",
+    ]
+    for outcome in outcomes:
+        entry = tally(outcome)
+        status = "ok" if outcome.ok else f"**FAILED**: {outcome.error}"
+        met = f"{entry['targets_met']} / {entry['targets']}"
+        if entry["not_measured"]:
+            met += f" ({entry['not_measured']} not measured)"
+        lines.append(
+            f"| {outcome.name} | `bench/{outcome.name}.py` | {status} | {met}"
+            f" | {outcome.seconds:.1f} | {outcome.load[0]:.2f} → {outcome.load[1]:.2f} |"
+        )
+    for outcome in outcomes:
+        lines += ["", *section(outcome, quick)]
+    lines += [
+        "",
+        "## Raw JSON lines",
+        "",
+        "<details><summary>The last line each script printed</summary>",
+        "",
+    ]
+    for outcome in outcomes:
+        lines += [
+            f"`bench/{outcome.name}.py`:",
+            "",
+            "```json",
+            outcome.raw_line or "(none)",
+            "```",
+            "",
+        ]
+    lines += ["</details>", ""]
+    return "\n".join(lines)
+
+
+def section(outcome: Outcome, quick: bool) -> list[str]:
+    """One benchmark's part of the report."""
+    bench = FIGURES.get(outcome.name)
+    title = bench.title if bench else "no figures or targets defined in bench/run.py"
+    lines = [f"## {outcome.name}: {title}", "", f"`bench/{outcome.name}.py`"]
+    if quick and bench and bench.quick_note:
+        lines[-1] += f"; quick mode: {bench.quick_note}."
+    lines.append("")
+    if not outcome.ok:
+        lines += [f"**FAILED**: {outcome.error}."]
+        if outcome.stderr_tail:
+            lines += ["", "Last lines of its stderr:", "", "```", *outcome.stderr_tail, "```"]
+        return lines
+    if outcome.returncode:
+        lines += [f"It exited {outcome.returncode} after printing its figures.", ""]
+    if bench is None:
+        lines += ["Its figures are in the appendix."]
+        return lines
+    lines += [
+        "| figure | fermix | baseline | ratio | target | met? |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows_of(outcome):
+        baseline = ""
+        if row.figure.baseline:
+            baseline = f"{fmt(row.baseline)} ({row.figure.baseline_label})"
+        source = row.figure.target.source if row.figure.target else ""
+        target = f"{row.target} ({source})" if source else row.target
+        verdict = VERDICTS[row.verdict]
+        if row.absent:
+            keys = ", ".join(f"`{k}`" for k in row.absent)
+            verdict = f"{verdict} (not in its JSON: {keys})".lstrip()
+        elif row.figure.if_null and (row.value is None or row.baseline is None):
+            verdict = f"{verdict} ({row.figure.if_null})".lstrip()
+        lines.append(
+            f"| {row.figure.label} | {fmt(row.value)} | {baseline}"
+            f" | {fmt(row.ratio) if row.ratio is not None else ''} | {target}"
+            f" | {verdict} |"
+        )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmarks, write the report, print the summary line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="every script's quick mode (CI)")
+    parser.add_argument("--timeout", type=float, help="seconds per script (600 quick, 3600 full)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="NAME", help="these only")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the report")
+    parser.add_argument("--note", default="", help="what to know about the machine, in bold")
+    args = parser.parse_args(argv)
+    timeout = args.timeout or (QUICK_TIMEOUT_S if args.quick else FULL_TIMEOUT_S)
+    started = datetime.datetime.now(datetime.UTC)
+    header = machine()
+    load_start = loadavg()
+    outcomes = []
+    for name in scripts(args.only):
+        print(f"bench/{name}.py ...", end=" ", file=sys.stderr, flush=True)
+        outcome = run_script(name, args.quick, timeout)
+        print(
+            f"{'ok' if outcome.ok else 'FAILED: ' + outcome.error} ({outcome.seconds:.1f} s)",
+            file=sys.stderr,
+        )
+        outcomes.append(outcome)
+    run = Context(args.quick, args.note, header, started, load_start, loadavg())
+    args.output.write_text(report(outcomes, run))
+    print(f"wrote {args.output}", file=sys.stderr)
+    print(json.dumps({o.name: tally(o) for o in outcomes}))
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
