@@ -150,6 +150,7 @@ class Memory:
             self.on_after_delivery(
                 "reviewer", lambda conv: self._tell("reviewer", Review(conv.key))
             )
+            self.on_after_delivery("compactor", self._dispatch_compaction)
             self.on_tick("review sweep", self._sweep_reviews)
             self._started = True
         return self

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import select
+import signal
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -89,8 +94,8 @@ class ChatSession:
             f"{self.options.chat_id}, model {self.route.primary} · /help for commands[/dim]"
         )
         while True:
-            self._report_background_changes()
             try:
+                self._report_background_changes()
                 line = read("you> ")
             except (EOFError, KeyboardInterrupt):
                 self.out.print()
@@ -218,6 +223,34 @@ def _short(arguments: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def read_line(prompt: str) -> str:
+    """``input(prompt)`` that Ctrl-C always interrupts.
+
+    ``input`` misses a SIGINT that arrives after its prompt is written and before it starts
+    reading (the handler only sets a flag, and nothing interrupts the read that follows),
+    then waits for a whole line. Here the signal also writes to a wake-up pipe that is
+    watched with the terminal, so the wait ends and the handler raises KeyboardInterrupt.
+    """
+    if not sys.stdin.isatty() or threading.current_thread() is not threading.main_thread():
+        return input(prompt)
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    previous = signal.set_wakeup_fd(wake_w)
+    try:
+        while sys.stdin.fileno() not in select.select([sys.stdin.fileno(), wake_r], [], [])[0]:
+            os.read(wake_r, 64)  # a signal whose handler returned: keep waiting
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(wake_r)
+        os.close(wake_w)
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.removesuffix("\n")
+
+
 def run_chat(home: Home, config: Config, options: ChatOptions, out: Console) -> int:
     """Run ``fermix chat``; returns the exit code. No model: one paragraph, exit 2."""
     config = chat_config(config, options)
@@ -229,7 +262,7 @@ def run_chat(home: Home, config: Config, options: ChatOptions, out: Console) -> 
             conv = memory.conversation(
                 options.agent_id, "cli", options.chat_id, owner_id=options.owner_id
             )
-            ChatSession(memory, conv, options, out).run(input)
+            ChatSession(memory, conv, options, out).run(read_line)
     except FermixError as exc:
         out.print(f"[red]fermix:[/red] {escape(str(exc))}")
         return 1

@@ -262,6 +262,9 @@ class _HTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the OpenAI client expects
+    # Headers and body go out in two writes: without TCP_NODELAY, loopback adds a ~40 ms
+    # delayed-ACK stall to every answer and skews the benchmarks' model round trip.
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:

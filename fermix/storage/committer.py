@@ -9,9 +9,11 @@ only that unit) and commits once for all of them, then goes on while others keep
 condition, wake when a batch is done, and return their result. Under concurrency many
 appends share one commit; alone, a caller pays one transaction and no thread hop.
 
-A transient failure of the batch (busy, locked, I/O) is retried with tenacity: 3 attempts,
-short jittered waits, re-raising nothing silently. After the last attempt every unit of the
-batch fails with :class:`WriteFailedError`, and nothing of it was committed.
+A transient failure of the batch (busy, locked, I/O, disk full: see
+:mod:`fermix.storage.retry`) is retried with tenacity: 3 attempts, short jittered waits,
+re-raising nothing silently. After the last attempt every unit of the batch fails with
+:class:`WriteFailedError`, and nothing of it was committed. Every database error reaches a
+caller as a :class:`WriteFailedError` (H3), a unit's own one (a constraint) included.
 """
 
 from __future__ import annotations
@@ -21,38 +23,23 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import apsw
 import tenacity
 
 from fermix.errors import StorageError, WriteFailedError
+from fermix.storage.retry import TRANSIENT_ERRORS, RetryPolicy, retrying
+
+__all__ = ["TRANSIENT_ERRORS", "Committer", "RetryPolicy"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Work = Callable[[apsw.Connection], Any]
 
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    apsw.BusyError,
-    apsw.LockedError,
-    apsw.IOError,
-)
-"""Errors that can pass: another writer holds the lock, or the disk hiccupped."""
-
-
 MAX_EXTRA_ROUNDS = 4
 """Batches a leader commits for others after its own, before it hands the lead on."""
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How a failed batch is retried: ``attempts`` in all, waits jittered up to ``max_wait_s``."""
-
-    attempts: int = 3
-    initial_wait_s: float = 0.01
-    max_wait_s: float = 0.1
 
 
 class Committer:
@@ -173,23 +160,21 @@ class Committer:
                 future.set_exception(exc)
             raise
         self.batches += 1
-        for (_, future, _label), (ok, value) in zip(batch, outcomes, strict=True):
+        for (_, future, label), (ok, value) in zip(batch, outcomes, strict=True):
             if ok:
                 future.set_result(value)
+            elif isinstance(value, apsw.Error):
+                # A unit's own database error (a constraint it broke) is still a database
+                # error: its caller gets it typed (H3), with the apsw error as the cause.
+                error = WriteFailedError(f"{label}: not written: {value}")
+                error.__cause__ = value
+                future.set_exception(error)
             else:
                 future.set_exception(value)
 
     def _retrying(self) -> tenacity.Retrying:
         """The retries after a first failed attempt: ``attempts - 1`` more, jittered."""
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(TRANSIENT_ERRORS),
-            stop=tenacity.stop_after_attempt(max(1, self._retry.attempts - 1)),
-            wait=tenacity.wait_random_exponential(
-                multiplier=self._retry.initial_wait_s, max=self._retry.max_wait_s
-            ),
-            before=lambda _state: None,
-            reraise=True,
-        )
+        return retrying(self._retry, attempts=self._retry.attempts - 1)
 
     def _commit(self, batch: list[tuple[Work, Future[Any], str]]) -> list[tuple[bool, Any]]:
         """Commit the batch in one transaction; each unit's own error goes to its caller.

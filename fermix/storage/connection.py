@@ -17,6 +17,7 @@ from typing import Any
 import apsw
 
 from fermix.errors import InvalidInputError, StorageError
+from fermix.storage.retry import retrying
 
 BUSY_TIMEOUT_MS = 5_000
 SYNCHRONOUS = "NORMAL"
@@ -87,9 +88,13 @@ def open_database(path: str | os.PathLike[str], *, vfs: str | None = None) -> ap
 
     conn = raw_connect(path, vfs=vfs)
     try:
-        check_version(conn)
-        apply_settings(conn)
-        migrate(conn)
+        # A fault that can pass (another process's lock, a disk hiccup) is retried: each
+        # step is idempotent, and a migration commits whole or not at all (S2).
+        for attempt in retrying():
+            with attempt:
+                check_version(conn)
+                apply_settings(conn)
+                migrate(conn)
     except apsw.Error as exc:
         conn.close()
         raise StorageError(f"cannot open {path} as a fermix database: {exc}") from exc

@@ -1,0 +1,44 @@
+"""The retry policy of every write: which errors can pass, and how long to try (A1, S8).
+
+One policy for the group committer, migrations and prompt-file rebuilds, so a disk hiccup
+or another process's lock is absorbed the same way on every write path, and a fault that
+persists reaches the caller as a typed error after the same bounded number of attempts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apsw
+import tenacity
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    apsw.BusyError,
+    apsw.LockedError,
+    apsw.IOError,
+    apsw.FullError,
+)
+"""Errors that can pass: another writer holds the lock, the disk hiccupped or was full for a
+moment (a checkpoint or another program frees space). Anything else is not retried."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a failed write is retried: ``attempts`` in all, waits jittered up to ``max_wait_s``."""
+
+    attempts: int = 3
+    initial_wait_s: float = 0.01
+    max_wait_s: float = 0.1
+
+
+def retrying(policy: RetryPolicy = RetryPolicy(), *, attempts: int | None = None) -> tenacity.Retrying:
+    """A tenacity loop over ``policy`` that retries only :data:`TRANSIENT_ERRORS` and
+    re-raises the last one; ``attempts`` overrides the policy's count."""
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(TRANSIENT_ERRORS),
+        stop=tenacity.stop_after_attempt(max(1, policy.attempts if attempts is None else attempts)),
+        wait=tenacity.wait_random_exponential(
+            multiplier=policy.initial_wait_s, max=policy.max_wait_s
+        ),
+        reraise=True,
+    )

@@ -1,0 +1,302 @@
+"""``fermix chat`` as a real process on a pseudo-terminal, against the loopback model
+server running in this test process (H2, K4, T2).
+
+The child is started with :func:`pty.fork`, so the pty is its controlling terminal: Ctrl-D
+at the start of a line is end of input and Ctrl-C is a real SIGINT, as at a keyboard.
+Reads wait on ``select`` with a deadline; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import sys
+import termios
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from model_server import ModelServer
+
+from fermix.chat import DEFAULT_SYSTEM
+from fermix.memory.compaction import SUMMARY_PROMPT
+from fermix.storage import conversations, messages, open_database
+from fermix.storage.messages import ConversationKey, Message
+
+KEY = ConversationKey("default", "cli", "terminal")
+PROMPT = "you> "
+STARTUP_S = 60.0  # the child imports litellm on its first model call
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+class Terminal:
+    """A child process on a pseudo-terminal, read with ``select`` and deadlines."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: a wide terminal, then the command; nothing else runs here
+            try:
+                fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+                os.execve(argv[0], argv, env)
+            finally:
+                os._exit(127)
+        self.pid, self.fd = pid, fd
+        self._raw = bytearray()
+        self._seen = 0
+        self._eof = False
+        self.status: int | None = None
+
+    @property
+    def text(self) -> str:
+        """Everything shown so far, without colour codes and with plain newlines."""
+        shown = self._raw.decode("utf-8", "replace").replace("\r\n", "\n")
+        return _ANSI.sub("", shown)
+
+    def _read(self, deadline: float) -> bool:
+        """Read what is available before ``deadline``; False once the child closed the pty."""
+        if self._eof:
+            return False
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return True
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # EIO: every process holding the terminal has exited
+            data = b""
+        if not data:
+            self._eof = True
+            return False
+        self._raw.extend(data)
+        return True
+
+    def expect(self, wanted: str, timeout: float = 30.0) -> str:
+        """Wait until ``wanted`` appears after what earlier calls matched; return the text
+        shown up to and including it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.text
+            at = text.find(wanted, self._seen)
+            if at >= 0:
+                start, self._seen = self._seen, at + len(wanted)
+                return text[start : self._seen]
+            if time.monotonic() >= deadline or not self._read(deadline):
+                raise AssertionError(f"{wanted!r} never appeared; the terminal showed:\n{text}")
+
+    def send(self, data: str | bytes) -> None:
+        """Type ``data`` (bytes as they are: ``b"\\x04"`` is Ctrl-D, ``b"\\x03"`` Ctrl-C)."""
+        os.write(self.fd, data.encode() if isinstance(data, str) else data)
+
+    def line(self, text: str) -> None:
+        """Type a line and Enter, once the prompt is showing."""
+        self.expect(PROMPT)
+        self.send(text + "\n")
+
+    def wait(self, timeout: float = 30.0) -> int:
+        """Read to the end of output, reap the child and return its exit code."""
+        deadline = time.monotonic() + timeout
+        while self._read(deadline):
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"the chat did not exit; the terminal showed:\n{self.text}")
+        _, status = os.waitpid(self.pid, 0)
+        self.status = os.waitstatus_to_exitcode(status)
+        return self.status
+
+    def close(self) -> None:
+        """Kill the child if it still runs (a failed test), and close the terminal."""
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+        os.close(self.fd)
+
+
+Start = Callable[..., Terminal]
+"""Starts ``fermix chat`` in a terminal: on the test's home and server, or with ``argv``."""
+
+
+def chat_argv(home: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "fermix.cli", "--home", str(home), "chat", *extra]
+
+
+@pytest.fixture
+def terminals() -> Iterator[list[Terminal]]:
+    """Terminals started by a test; each is closed (its child killed if alive) after it."""
+    started: list[Terminal] = []
+    yield started
+    for terminal in started:
+        terminal.close()
+
+
+@pytest.fixture
+def start(terminals: list[Terminal], home: Path, model_server: ModelServer) -> Start:
+    """Start ``fermix chat`` on ``home`` against the loopback server (or with ``argv``)."""
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TERM": "xterm"}
+    env.pop("FERMIX_HOME", None)
+
+    def run(argv: list[str] | None = None) -> Terminal:
+        terminal = Terminal(
+            argv or chat_argv(home, "--model", "openai/test", "--api-base", model_server.url),
+            env,
+        )
+        terminals.append(terminal)
+        return terminal
+
+    return run
+
+
+@pytest.fixture
+def chat_home(home: Path) -> Path:
+    """A home whose config has no background review (so every model request the test sees
+    is the chat's own, in order) and a small context window (so /compact has work)."""
+    (home / "config.toml").write_text(
+        "[fermix_core.memory]\nreview_interval_hours = 0\n\n"
+        "[fermix_core.model]\ncontext_window = 400\n"
+    )
+    return home
+
+
+def stored(home: Path) -> tuple[list[Message], list[Message], conversations.ConversationState]:
+    """Every stored message of the terminal conversation, its window, and its state."""
+    conn = open_database(home / "memory.db")
+    try:
+        state = conversations.get(conn, KEY)
+        assert state is not None
+        return messages.conversation(conn, KEY), conversations.window(conn, KEY), state
+    finally:
+        conn.close()
+
+
+def test_h2_a_terminal_session_runs_turns_tools_and_commands_and_stores_everything(
+    start: Start, chat_home: Path, model_server: ModelServer
+) -> None:
+    model_server.reply("Hello! Porto is lovely.", prompt_tokens=50)
+    model_server.reply_tool_call(
+        "memory_recall", {"query": "Porto", "source": "history"}, prompt_tokens=60
+    )
+    model_server.reply("You told me you live in Porto.", prompt_tokens=70)
+    model_server.reply_json(
+        {
+            "operations": [
+                {"op": "add", "category": "identity", "key": "home_city", "value": "Lives in Porto"}
+            ]
+        }
+    )
+    model_server.reply("Summary: the user lives in Porto and asked where they live.")
+    model_server.reply("Nothing much since then.", prompt_tokens=40)
+
+    chat = start()
+    chat.expect("fermix chat")
+    chat.line("Hello, I live in Porto.")
+    chat.expect("default> Hello! Porto is lovely.", STARTUP_S)
+    chat.expect("· answered by openai/test")
+    chat.line("Where did I say I live?")
+    chat.expect('· memory_recall({"query": "Porto", "source": "history"})')
+    chat.expect("default> You told me you live in Porto.")
+    chat.line("/review")
+    chat.expect("· review: applied")
+    chat.expect("· memory updated (USER.md)")
+    chat.line("/compact")
+    chat.expect("· Compacted ")
+    chat.line("/new")
+    chat.expect("· Started a fresh conversation window. Long-term memory is kept.")
+    chat.line("What is new?")
+    chat.expect("default> Nothing much since then.")
+    chat.expect(PROMPT)
+    chat.send(b"\x04")
+    assert chat.wait() == 0
+    assert "Traceback" not in chat.text
+
+    # the model saw the tools, the tool result, the review and the summary requests in order
+    turn, call, answer, review, summary, last = model_server.requests
+    assert "memory_recall" in {t["function"]["name"] for t in turn["tools"]}
+    assert call["messages"][-1] == {"role": "user", "content": "Where did I say I live?"}
+    tool_message = next(m for m in answer["messages"] if m["role"] == "tool")
+    (call_id,) = [c["id"] for m in answer["messages"] for c in m.get("tool_calls") or []]
+    assert tool_message["tool_call_id"] == call_id
+    assert "Hello, I live in Porto." in tool_message["content"]
+    assert review["messages"][0]["content"] != SUMMARY_PROMPT
+    assert summary["messages"][0]["content"] == SUMMARY_PROMPT
+    assert summary["reasoning_effort"] == "medium"
+    # after /new: the system prompt, the memory context (USER.md kept), and only this turn
+    system, context, *history = last["messages"]
+    assert system == {"role": "system", "content": DEFAULT_SYSTEM}
+    assert context["role"] == "system" and "Lives in Porto" in context["content"]
+    assert history == [{"role": "user", "content": "What is new?"}]
+
+    everything, window, state = stored(chat_home)
+    assert [(m.role, m.kind, m.content) for m in everything if m.role != "tool"] == [
+        ("user", "chat", "Hello, I live in Porto."),
+        ("assistant", "chat", "Hello! Porto is lovely."),
+        ("user", "chat", "Where did I say I live?"),
+        ("assistant", "chat", ""),
+        ("assistant", "chat", "You told me you live in Porto."),
+        ("assistant", "checkpoint", "Summary: the user lives in Porto and asked where they live."),
+        ("user", "chat", "What is new?"),
+        ("assistant", "chat", "Nothing much since then."),
+    ]
+    (tool,) = [m for m in everything if m.role == "tool"]
+    assert tool.metadata == {"tool_call_id": call_id, "name": "memory_recall"}
+    recalled = json.loads(tool.content)
+    assert "Hello, I live in Porto." in [hit["content"] for hit in recalled["history"]]
+    assert everything[3].metadata["tool_calls"][0]["function"]["name"] == "memory_recall"
+    # /new started the window after the checkpoint: only the last turn is in it
+    checkpoint = everything[6]
+    assert checkpoint.kind == "checkpoint"
+    assert (state.window_after_id, state.checkpoint_message_id) == (checkpoint.id, None)
+    assert [m.content for m in window] == ["What is new?", "Nothing much since then."]
+
+    user_md = (chat_home / "memory" / "default" / "USER.md").read_text()
+    assert "Lives in Porto" in user_md
+    assert not (chat_home / "memory" / "default" / "MEMORY.md").exists()
+
+
+def test_h2_ctrl_c_at_the_prompt_leaves_cleanly_with_every_message_written(
+    start: Start, chat_home: Path, model_server: ModelServer
+) -> None:
+    model_server.reply("Hi there.", prompt_tokens=20)
+    chat = start()
+    chat.line("Hello")
+    chat.expect("default> Hi there.", STARTUP_S)
+    chat.expect(PROMPT)
+    chat.send(b"\x03")
+    assert chat.wait() == 0
+    assert "Traceback" not in chat.text
+    everything, _, _ = stored(chat_home)
+    assert [(m.role, m.content) for m in everything] == [
+        ("user", "Hello"),
+        ("assistant", "Hi there."),
+    ]
+
+
+def test_h2_ctrl_c_while_the_model_thinks_leaves_cleanly_with_the_question_written(
+    start: Start, chat_home: Path, model_server: ModelServer
+) -> None:
+    model_server.hang()
+    chat = start()
+    chat.line("Are you there?")
+    assert model_server.wait_for_requests(1, timeout=STARTUP_S)
+    chat.send(b"\x03")
+    assert chat.wait() == 0
+    assert "Traceback" not in chat.text
+    everything, _, _ = stored(chat_home)
+    assert [(m.role, m.content) for m in everything] == [("user", "Are you there?")]
+
+
+def test_h2_without_a_model_it_says_what_to_set_in_one_paragraph_and_exits_2(
+    start: Start, home: Path
+) -> None:
+    chat = start(chat_argv(home))
+    assert chat.wait() == 2
+    shown = chat.text.strip()
+    assert "Traceback" not in shown
+    assert "primary" in shown and "--model" in shown
+    assert "\n" not in shown  # one paragraph, left to the terminal to wrap

@@ -1,0 +1,293 @@
+"""Chat commands: the parser, and /compact, /new, /clear as operator and as guest (K4)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from model_server import ModelServer
+
+from fermix import Conversation, Memory
+from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
+from fermix.memory import categories, prompt_files
+from fermix.memory.commands import Command, allowed, help_text, parse, refusal
+from fermix.storage import jobs, memories, open_database
+from fermix.storage.memories import Provenance
+
+# -- the parser -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("/compact", Command("compact")),
+        ("/new", Command("new")),
+        ("/clear", Command("clear")),
+        ("/COMPACT", Command("compact")),
+        ("/New", Command("new")),
+        ("/compact@my_bot", Command("compact")),
+        ("/clear@Bot42 now", Command("clear", "now")),
+        ("/compact please keep the dates", Command("compact", "please keep the dates")),
+        ("/new   spaced  out  ", Command("new", "spaced  out")),
+        ("   /new", Command("new")),
+        ("\t/clear\n", Command("clear")),
+        ("/compact\nsecond line", Command("compact", "second line")),
+    ],
+)
+def test_k4_commands_are_recognised(text: str, expected: Command) -> None:
+    assert parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hello",
+        "",
+        "   ",
+        "/unknown",
+        "/compacting",
+        "//x",
+        "//compact",
+        "/",
+        "/ new",
+        "a /new",
+        "/compact@",
+        "/compact@bot@bot",
+        "/1new",
+        "compact",
+    ],
+)
+def test_k4_other_text_is_not_a_command_and_is_left_to_the_host(text: str) -> None:
+    assert parse(text) is None
+
+
+@given(st.text())
+def test_k4_any_text_parses_to_a_known_command_or_none(text: str) -> None:
+    command = parse(text)
+    assert command is None or (command.name in {"compact", "new", "clear"})
+
+
+def test_k4_every_command_is_operator_only_and_the_refusal_names_it() -> None:
+    for name in ("compact", "new", "clear"):
+        command = Command(name)
+        assert allowed(command, "operator")
+        assert not allowed(command, "guest")
+        assert refusal(command) == f"Only the operator can use /{name}. Nothing was changed."
+        assert f"/{name} - " in help_text()
+
+
+# -- through the host facade --------------------------------------------------------------
+
+
+@pytest.fixture
+def running(home: Path, model_server: ModelServer) -> Iterator[Memory]:
+    """A running Memory on the loopback model server, with background review off."""
+    config = Config(
+        memory=MemoryConfig(review_interval_hours=0),
+        model=ModelConfig(
+            primary="openai/test", api_base=model_server.url, context_window=2_000, timeout_s=5
+        ),
+        compaction=CompactionConfig(reasoning_effort="low"),
+    )
+    with Memory(home, config=config) as memory:
+        yield memory
+
+
+def dump(memory: Memory) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table (FTS shadow tables included), and the schema version."""
+    with memory.readers.connection() as conn:
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        found = {t: sorted(conn.execute(f'SELECT * FROM "{t}"'), key=repr) for t in tables}
+        found["user_version"] = conn.execute("PRAGMA user_version").fetchall()
+    return found
+
+
+LONG_TERM = (
+    "memories",
+    "memories_fts",
+    "memory_sources",
+    "memory_changes",
+    "resources",
+    "resource_revisions",
+    "scheduled_jobs",
+    "job_runs",
+)
+SEEDED = ("memories", "memory_sources", "resources", "resource_revisions", "scheduled_jobs")
+
+
+def seed_long_term_state(memory: Memory, conv: Conversation) -> None:
+    """A memory row, USER.md with its revision, and a scheduled job (with a run)."""
+
+    def write(conn: apsw.Connection) -> None:
+        memories.upsert(
+            conn,
+            agent_id="agent",
+            owner_id="alice",
+            scope=categories.owner_scope("alice"),
+            category="identity",
+            key="home_city",
+            value="Alice lives in Porto",
+            promote_target="user_md",
+            provenance=Provenance(source_type="review"),
+        )
+        job = jobs.create_job(
+            conn, agent_id="agent", name="digest", schedule="0 9 * * *", prompt="A digest."
+        )
+        jobs.start_run(conn, job.id)
+
+    memory.write(write, label="seed")
+    conn = open_database(memory.home.db_path)
+    try:  # USER.md on disk, and its first revision, as the reviewer would leave them
+        rebuilt = prompt_files.rebuild(conn, memory.home, "agent", "alice")
+    finally:
+        conn.close()
+    assert rebuilt.user_md.revision is not None
+    stored = json.loads(
+        memory.tools.run(
+            {"function": {"name": "memory_store", "arguments": {"key": "k", "value": "v"}}}, conv
+        )
+    )
+    assert "stored" in stored
+
+
+def fill(conv: Conversation, turns: int) -> None:
+    for i in range(turns):
+        conv.append_user(f"question {i} about the harbour in Porto and its boats")
+        conv.append_assistant(f"answer {i}: the harbour in Porto is busy in May")
+
+
+@pytest.mark.parametrize("text", ["/new", "/clear", "/NEW@bot", "  /clear now"])
+def test_k4_new_and_clear_start_a_fresh_window_and_keep_everything_stored(
+    running: Memory, model_server: ModelServer, text: str
+) -> None:
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    fill(conv, 5)
+    seed_long_term_state(running, conv)
+    before = dump(running)
+    assert all(before[table] for table in SEEDED)
+    newest = conv.history()[-1]
+
+    reply = conv.handle_command(text)
+
+    assert reply == "Started a fresh conversation window. Long-term memory is kept."
+    assert conv.history() == []
+    state = conv.state()
+    assert state is not None
+    assert (state.window_after_id, state.checkpoint_message_id) == (newest.id, None)
+    after = dump(running)
+    assert after["messages"] == before["messages"]  # the messages themselves stay
+    for table in LONG_TERM:
+        assert after[table] == before[table], table
+    assert model_server.requests == []
+    composed = json.dumps(conv.compose("You are helpful."))
+    assert "harbour" not in composed  # the old window is out of the prompt...
+    assert "Alice lives in Porto" in composed  # ...and the prompt files are still in it
+    fresh = conv.append_user("a new start")
+    assert conv.history() == [fresh]
+
+
+def test_k4_new_after_a_compaction_drops_the_checkpoint_from_the_window(
+    running: Memory, model_server: ModelServer
+) -> None:
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    fill(conv, 30)
+    model_server.reply("A summary.")
+    assert (conv.handle_command("/compact") or "").startswith("Compacted ")
+    assert conv.handle_command("/new") is not None
+    assert conv.history() == []
+    assert conv.state().checkpoint_message_id is None  # type: ignore[union-attr]
+
+
+def test_k4_compact_summarizes_the_window_now_and_keeps_long_term_state(
+    running: Memory, model_server: ModelServer
+) -> None:
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    fill(conv, 30)
+    seed_long_term_state(running, conv)
+    before = dump(running)
+    assert all(before[table] for table in SEEDED)
+    window = conv.history()
+    model_server.reply("The user asked about the harbour in Porto.")
+
+    reply = conv.handle_command("/compact")
+
+    assert reply is not None and reply.startswith("Compacted ")
+    assert reply.endswith(" tokens).")
+    new_window = conv.history()
+    assert new_window[0].content == "The user asked about the harbour in Porto."
+    assert new_window[1:] == window[-(len(new_window) - 1) :]
+    (request,) = model_server.requests
+    assert request["reasoning_effort"] == "low"
+    after = dump(running)
+    # one row more: the checkpoint; every earlier message unchanged
+    assert set(before["messages"]) < set(after["messages"])
+    assert len(after["messages"]) == len(before["messages"]) + 1
+    for table in LONG_TERM:
+        assert after[table] == before[table], table
+
+
+def test_k4_compact_with_nothing_to_summarize_says_so_and_changes_nothing(
+    running: Memory, model_server: ModelServer
+) -> None:
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    fill(conv, 2)
+    before = dump(running)
+    assert conv.handle_command("/compact") == "Nothing to compact yet."
+    assert dump(running) == before
+    assert model_server.requests == []
+
+
+def test_k4_a_failed_compact_reports_the_error_and_keeps_the_window(
+    running: Memory, model_server: ModelServer
+) -> None:
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    fill(conv, 30)
+    window = conv.history()
+    model_server.fail(400)
+    reply = conv.handle_command("/compact")
+    assert reply is not None and reply.startswith("Compaction failed: ")
+    assert conv.history() == window
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [("/compact", "compact"), ("/new", "new"), ("/clear", "clear"), ("/CLEAR@bot x", "clear")],
+)
+def test_k4_a_guest_is_refused_and_nothing_in_the_database_changes(
+    running: Memory, model_server: ModelServer, text: str, name: str
+) -> None:
+    operator = running.conversation("agent", "telegram", "1", owner_id="alice")
+    seed_long_term_state(running, operator)
+    guest = running.conversation("agent", "telegram", "2", owner_id="bob", trust="guest")
+    fill(guest, 30)  # enough to compact, were it allowed
+    window = guest.history()
+    before = dump(running)
+
+    reply = guest.handle_command(text)
+
+    assert reply == f"Only the operator can use /{name}. Nothing was changed."
+    assert dump(running) == before
+    assert guest.history() == window
+    assert model_server.requests == []
+
+
+@pytest.mark.parametrize("text", ["hello there", "/unknown", "/help", "a /new"])
+def test_k4_text_that_is_not_a_command_returns_none_and_changes_nothing(
+    running: Memory, text: str
+) -> None:
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    fill(conv, 2)
+    before = dump(running)
+    assert conv.handle_command(text) is None
+    assert dump(running) == before
