@@ -109,10 +109,10 @@ class Memory:
             writer = open_database(self.home.db_path, vfs=self._vfs)
             self.committer = Committer(writer)
             self.readers = ReaderPool(self.home.db_path, vfs=self._vfs)
-            db_path = self.home.db_path
+            db_path, vfs = self.home.db_path, self._vfs
             max_history = self.config.memory.max_conversation_history
             committer, readers = self.committer, self.readers
-            self.review_context = ReviewContext(self.home, self.config, committer, readers)
+            self.review_context = ReviewContext(self.home, self.config, committer, readers, vfs=vfs)
             review_context = self.review_context
             self.compaction_context = CompactionContext(
                 self.config, committer, readers, on_compacted=self._reload_window
@@ -126,7 +126,7 @@ class Memory:
 
             self.tree = Supervisor(
                 [
-                    ChildSpec("store", lambda: Store.start(db_path, committer=committer)),
+                    ChildSpec("store", lambda: Store.start(db_path, committer=committer, vfs=vfs)),
                     ChildSpec("reviewer", lambda: Reviewer.start(review_context)),
                     ChildSpec("compactor", lambda: Compactor.start(compaction_context)),
                     ChildSpec(
@@ -183,7 +183,8 @@ class Memory:
         self.failure = error
 
     def _child_supervisor(self, child_id: str) -> Supervisor:
-        child = self.tree.child_ref(child_id)
+        # Waits while the parent restarts it (it gave up), rather than failing the caller.
+        child = self.tree.await_child(child_id)
         assert isinstance(child, Supervisor)
         return child
 

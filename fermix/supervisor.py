@@ -383,15 +383,17 @@ class Supervisor:
             if isinstance(event := self._events.get(), _Call):
                 msg = f"supervisor {self.name!r} stopped"
                 event.future.set_exception(ActorUnavailableError(msg))
-        self._done.set()
-        self._notify()
-        if self._parent is not None:
-            self._parent.report(self._failure)
-        elif self._failure is not None and self._on_escalate is not None:
+        if self._parent is None and self._failure is not None and self._on_escalate is not None:
+            # Before _done: whoever sees the tree ended (wait(), await_child()) must also
+            # see what on_escalate recorded (Memory.failure), never a window without it.
             try:
                 self._on_escalate(self._failure)
             except Exception:
                 logger.exception("on_escalate of supervisor %r failed", self.name)
+        self._done.set()
+        self._notify()
+        if self._parent is not None:
+            self._parent.report(self._failure)
 
     def _find(self, child_id: str) -> _Child | None:
         return self._index.get(child_id)

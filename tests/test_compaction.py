@@ -195,7 +195,8 @@ def test_k1_a_transcript_stays_within_its_tokens_and_keeps_the_newest_lines(
         for m in window
     ]
     whole = [line for line in lines if line in every]
-    assert whole == every[len(every) - len(whole) :] or whole[1:] == every[-(len(whole) - 1) :]
+    newest = every[len(every) - (len(whole) - 1) :]  # (not every[-0:], which is all of it)
+    assert whole == every[len(every) - len(whole) :] or whole[1:] == newest
 
 
 def test_k1_the_transcript_keeps_the_previous_checkpoint_when_it_cuts() -> None:

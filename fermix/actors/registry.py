@@ -87,7 +87,12 @@ class ConversationRegistry:
     def ask(self, key: ConversationKey, message: Any, *, timeout: float | None = 30.0) -> Any:
         """Send ``message`` to the actor of ``key`` and return its reply."""
         for _ in range(ASK_ATTEMPTS):
-            ref = self._ref(key)
+            try:
+                ref = self._ref(key)
+            except ActorUnavailableError:
+                # The supervisor looked up gave up meanwhile: the next lookup waits for the
+                # one its parent starts instead (and fails at once if the tree gave up).
+                continue
             try:
                 return ref.ask(message, timeout=timeout)
             except pykka.ActorDeadError:
@@ -120,6 +125,11 @@ class ConversationRegistry:
                 ref = self._supervisor.await_child(cid)
             except NotFoundError:
                 del self._live[key]
+                return False
+            except ActorUnavailableError:
+                # Its supervisor gave up (stopping it) or is being restarted: the message
+                # is committed, and whatever serves the key next reads it from SQLite.
+                # Raising here would fail an append that was stored (A1).
                 return False
         assert isinstance(ref, pykka.ActorRef)
         try:

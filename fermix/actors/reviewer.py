@@ -20,8 +20,14 @@ from fermix import llm
 from fermix.actors.base import SupervisedActor
 from fermix.clock import now_ms
 from fermix.config import Config, Home
-from fermix.errors import FermixError, ModelError, ReviewOutputError, UnsafePathSegmentError
-from fermix.memory import categories, prompt_files, review
+from fermix.errors import (
+    FermixError,
+    ModelError,
+    ReviewOutputError,
+    StorageError,
+    UnsafePathSegmentError,
+)
+from fermix.memory import categories, prompt_files, repair, review
 from fermix.memory.review import Operation, Skip
 from fermix.storage import conversations, jobs, memories, messages
 from fermix.storage.committer import Committer
@@ -46,6 +52,10 @@ class ReviewContext:
     readers: ReaderPool
     clock: Callable[[], int] = now_ms
     route: llm.Route | None = None
+    vfs: str | None = None
+    """The SQLite VFS of the connections a review opens itself (its rebuild), if not default."""
+    stale_agents: set[str] = field(default_factory=set)
+    """Agents whose prompt files a failed rebuild left behind their rows; repaired next run."""
 
     def model_route(self) -> llm.Route:
         """The agent's route: the configured primary and fallbacks (E4)."""
@@ -225,8 +235,40 @@ def _claimed_review(
     if admission.admitted:
         result.status = "applied"
     if written:
-        result.files_changed = _rebuild(ctx, written, state.agent_id, state.owner_id)
+        try:
+            result.files_changed = _rebuild(ctx, written, state.agent_id, state.owner_id)
+        except (StorageError, apsw.Error, OSError) as exc:
+            # The rows are committed and the files are derived from them (S1): the review
+            # stands, and the Reviewer's next run (or the next start) renders them again.
+            log.error("review of %s: prompt files not rebuilt: %s", key.scope_id, exc)
+            ctx.stale_agents.add(state.agent_id)
+            result.error = f"prompt files not rebuilt: {exc}"
     return result
+
+
+def repair_stale_files(ctx: ReviewContext, *, every_agent: bool = False) -> None:
+    """Render again the prompt files that lag their rows (S1, C5): every agent's, and the
+    temporary files of killed writes, when the Reviewer starts; else those a failed rebuild
+    of this process left behind. Errors are logged: the files are derived."""
+    agents: list[str | None] = [None] if every_agent else [*sorted(ctx.stale_agents)]
+    for agent_id in agents:
+        try:
+            conn = connect(ctx.home.db_path, vfs=ctx.vfs)
+            try:
+                repaired = repair.repair(conn, ctx.home, agent_id=agent_id, reason="repair")
+            finally:
+                conn.close()
+            if agent_id is None:
+                repair.remove_orphan_temp_files(ctx.home)
+        except (StorageError, apsw.Error, OSError) as exc:
+            log.warning("prompt files of %s not rebuilt: %s", agent_id or "every agent", exc)
+            continue
+        if repaired:
+            log.info("rendered %d stale prompt-file pair(s) again", len(repaired))
+        if agent_id is None:
+            ctx.stale_agents.clear()
+        else:
+            ctx.stale_agents.discard(agent_id)
 
 
 def _apply(
@@ -348,7 +390,7 @@ def _rebuild(ctx: ReviewContext, rows: list[MemoryRow], agent_id: str, owner_id:
     The conversation's own owner is rebuilt too: a shared row reaches every owner that has
     files already, and this owner may have none yet.
     """
-    conn = connect(ctx.home.db_path)
+    conn = connect(ctx.home.db_path, vfs=ctx.vfs)
     try:
         results = prompt_files.rebuild_for_rows(conn, ctx.home, rows, reason="review")
         if results and (agent_id, owner_id) not in {(r.agent_id, r.owner_id) for r in results}:
@@ -381,10 +423,21 @@ class Reviewer(SupervisedActor):
         super().__init__()
         self._ctx = ctx
 
+    def on_start(self) -> None:
+        """Repair the prompt files a stopped process left behind, before the first review.
+
+        A host killed between the commit of a review and its rebuild leaves them behind
+        their rows. The check renders every owner's files, so it runs here, off the host's
+        path, rather than in ``Memory.start``.
+        """
+        repair_stale_files(self._ctx, every_agent=True)
+
     def on_receive(self, message: Any) -> Any:
         """Run one review; a failure is logged and returned, never raised into the actor."""
         match message:
             case Review(key, force):
+                if self._ctx.stale_agents:
+                    repair_stale_files(self._ctx)
                 try:
                     return review_conversation(self._ctx, key, force=force)
                 except FermixError as exc:

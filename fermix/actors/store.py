@@ -43,9 +43,12 @@ class Write(NamedTuple):
 class Store(SupervisedActor):
     """Caches memory rows; every read first checks that no write happened since."""
 
-    def __init__(self, db_path: str | os.PathLike[str], *, committer: Committer) -> None:
+    def __init__(
+        self, db_path: str | os.PathLike[str], *, committer: Committer, vfs: str | None = None
+    ) -> None:
         super().__init__()
         self._db_path = db_path
+        self._vfs = vfs
         self._committer = committer
         self._conn: apsw.Connection | None = None
         self._counter = -1
@@ -56,7 +59,7 @@ class Store(SupervisedActor):
 
     def on_start(self) -> None:
         """Open this actor's own read connection."""
-        self._conn = connect(self._db_path)
+        self._conn = connect(self._db_path, vfs=self._vfs)
 
     def on_stop(self) -> None:
         """Close the read connection."""

@@ -5,7 +5,9 @@ writes a file only when its bytes change, and records a revision of resource ``u
 or ``memory_md`` only when the content changes. The revisions are recorded and the files
 replaced inside one write transaction, from rows that are known to be current under that
 transaction's lock, so two processes rebuilding at once cannot leave a file or a revision
-behind the rows.
+behind the rows. A fault that can pass is retried; one that persists is a
+:class:`~fermix.errors.WriteFailedError`, and the files are left for
+:func:`fermix.memory.repair.repair`.
 
 Layout: ``memory/<agent_id>/USER.md`` and ``MEMORY.md`` for the single-user default owner
 ``""``; ``memory/<agent_id>/owners/<owner_id>/...`` for every other owner, so one user's
@@ -27,13 +29,14 @@ import apsw
 
 from fermix import validate
 from fermix.config import Home
-from fermix.errors import UnsafePathSegmentError
+from fermix.errors import UnsafePathSegmentError, WriteFailedError
 from fermix.memory import categories, render
 from fermix.memory.render import FILES, FileSpec, file_spec
 from fermix.storage import memories, resources, transaction
 from fermix.storage.connection import fetch_rows
 from fermix.storage.memories import MemoryRow
 from fermix.storage.resources import Revision
+from fermix.storage.retry import retrying
 
 OWNERS_DIR = "owners"
 
@@ -230,6 +233,20 @@ def rebuild(
     Call it after the write transaction that changed the rows has committed.
     """
     folder = prompt_dir(home, agent_id, owner_id)
+    try:
+        # Idempotent (render, record if changed, write if changed), so a fault that can
+        # pass is simply retried; a persistent one is typed, and nothing of it committed.
+        result: RebuildResult = retrying()(_rebuild_once, conn, folder, agent_id, owner_id, reason)
+    except (apsw.Error, OSError) as exc:
+        raise WriteFailedError(
+            f"prompt files of agent {agent_id!r}, owner {owner_id!r} not rebuilt: {exc}"
+        ) from exc
+    return result
+
+
+def _rebuild_once(
+    conn: apsw.Connection, folder: Path, agent_id: str, owner_id: str, reason: str
+) -> RebuildResult:
     # Render before taking the write lock, so writers (appends on a turn's path) wait only
     # for the revisions and the file replacements; if any memory row changed meanwhile,
     # render again under the lock, where nothing can change.

@@ -29,7 +29,7 @@ import apsw
 import tenacity
 
 from fermix.errors import StorageError, WriteFailedError
-from fermix.storage.retry import TRANSIENT_ERRORS, RetryPolicy, retrying
+from fermix.storage.retry import DEFAULT_RETRY, TRANSIENT_ERRORS, RetryPolicy, retrying
 
 __all__ = ["TRANSIENT_ERRORS", "Committer", "RetryPolicy"]
 
@@ -49,7 +49,7 @@ class Committer:
         self,
         conn: apsw.Connection,
         *,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         max_batch: int = 512,
     ) -> None:
         self._conn = conn

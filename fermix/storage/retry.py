@@ -31,7 +31,13 @@ class RetryPolicy:
     max_wait_s: float = 0.1
 
 
-def retrying(policy: RetryPolicy = RetryPolicy(), *, attempts: int | None = None) -> tenacity.Retrying:
+DEFAULT_RETRY = RetryPolicy()
+"""The policy of every write unless a caller (a test, a benchmark) passes its own."""
+
+
+def retrying(
+    policy: RetryPolicy = DEFAULT_RETRY, *, attempts: int | None = None
+) -> tenacity.Retrying:
     """A tenacity loop over ``policy`` that retries only :data:`TRANSIENT_ERRORS` and
     re-raises the last one; ``attempts`` overrides the policy's count."""
     return tenacity.Retrying(
