@@ -124,3 +124,19 @@ def _subparsers(parser: object) -> dict[str, object]:
         if isinstance(action, argparse._SubParsersAction):
             return dict(action.choices)
     return {}
+
+
+def test_h3_a_raw_database_error_in_a_command_is_one_line_and_exit_1(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import apsw
+
+    import fermix.cli.memory
+
+    def busy(ctx: object, args: object) -> int:
+        raise apsw.BusyError("database is locked")
+
+    monkeypatch.setattr(fermix.cli.memory, "cmd_list", busy)
+    assert main(["memory", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err == "fermix: database error: database is locked\n"

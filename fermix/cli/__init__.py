@@ -70,6 +70,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FermixError as exc:
         print(f"fermix: {exc}", file=sys.stderr)
         return EXIT_FAILURE
+    except OSError as exc:
+        print(f"fermix: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except Exception as exc:
+        # A database error no command turned into a typed one (busy past the timeout, an
+        # I/O error): one line for the operator, never a traceback.
+        import apsw
+
+        if not isinstance(exc, apsw.Error):
+            raise
+        print(f"fermix: database error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         print("fermix: interrupted", file=sys.stderr)
         return 130
