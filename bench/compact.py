@@ -48,14 +48,15 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from _timing import Stopwatch, percentile
 from model_server import ModelServer, text_reply
 from rich.console import Console
 from rich.table import Table
@@ -79,47 +80,6 @@ _SAMPLE = (
 )
 _WORDS = _SAMPLE.split()
 SUMMARY = " ".join(_WORDS[i % len(_WORDS)] for i in range(300))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), linear between the closest ranks."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-class Stopwatch:
-    """Times the calls of a few functions where they run, by wrapping them for a while."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, list[float]] = defaultdict(list)
-        self.calls: dict[str, list[tuple[tuple[Any, ...], dict[str, Any]]]] = defaultdict(list)
-
-    @contextmanager
-    def wrapping(self, owner: object, attr: str, name: str) -> Iterator[None]:
-        """Time ``owner.attr`` as ``name`` (and keep its arguments) until the block ends."""
-        original = getattr(owner, attr)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.ms[name].append((time.perf_counter() - started) * 1000)
-                self.calls[name].append((args, kwargs))
-
-        setattr(owner, attr, timed)
-        try:
-            yield
-        finally:
-            setattr(owner, attr, original)
-
-    def last(self, name: str) -> float:
-        return self.ms[name][-1] if self.ms[name] else 0.0
 
 
 def chat_text(rng: random.Random, tokens: int) -> str:

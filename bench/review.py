@@ -38,14 +38,15 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from _timing import Stopwatch, percentile
 from model_server import ModelServer
 from rich.console import Console
 from rich.table import Table
@@ -70,57 +71,6 @@ _SAMPLE = (
     "while my sister visits from Lisbon with her two kids and their very loud dog"
 )
 _WORDS = _SAMPLE.split()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100), linear between the closest ranks."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-class Stopwatch:
-    """Times the calls of a few functions where they run, by wrapping them for a while."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, list[float]] = defaultdict(list)
-
-    @contextmanager
-    def wrapping(
-        self,
-        owner: object,
-        attr: str,
-        name: str,
-        when: Callable[..., bool] = lambda *args, **kwargs: True,
-    ) -> Iterator[None]:
-        """Time ``owner.attr`` as ``name`` (the calls ``when`` accepts) until the block ends."""
-        original = getattr(owner, attr)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if not when(*args, **kwargs):
-                return original(*args, **kwargs)
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.ms[name].append((time.perf_counter() - started) * 1000)
-
-        setattr(owner, attr, timed)
-        try:
-            yield
-        finally:
-            setattr(owner, attr, original)
-
-    def mark(self) -> dict[str, int]:
-        return {name: len(values) for name, values in self.ms.items()}
-
-    def since(self, mark: dict[str, int], name: str) -> float:
-        """Milliseconds spent in ``name`` since ``mark``."""
-        return sum(self.ms[name][mark.get(name, 0) :])
 
 
 def seed_rows(home: Path, rng: random.Random) -> None:

@@ -346,7 +346,12 @@ class Row:
 
 def scripts(only: Sequence[str]) -> list[str]:
     """Benchmark names to run: those of FIGURES, then any other script found in bench/."""
-    found = sorted(p.stem for p in BENCH.glob("*.py") if p.name != Path(__file__).name)
+    # A module whose name starts with "_" is a helper the scripts import, not a benchmark.
+    found = sorted(
+        p.stem
+        for p in BENCH.glob("*.py")
+        if p.name != Path(__file__).name and not p.name.startswith("_")
+    )
     names = [*FIGURES, *(n for n in found if n not in FIGURES)]
     return [n for n in names if not only or n in only]
 
