@@ -487,7 +487,7 @@ def machine() -> dict[str, str]:
         "cores": f"{os.cpu_count()} ({usable} usable by this process)",
         "memory": memory(),
         "OS": platform.platform(),
-        "Python": f"{platform.python_version()} ({sys.executable})",
+        "Python": f"{platform.python_version()} ({platform.python_implementation()})",
         "SQLite": f"{apsw.sqlite_lib_version()} (apsw {apsw.apsw_version()})",
         "commit": commit(),
     }
