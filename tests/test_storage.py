@@ -221,6 +221,8 @@ def test_s6_a_job_gets_its_own_memory_source_and_runs(db: apsw.Connection) -> No
     assert source is not None and source.source_type == "job" and source.name == "digest"
     assert done.status == "succeeded" and done.finished_at is not None
     assert [r.id for r in jobs.list_runs(db, job.id)] == [run.id]
+    assert [j.id for j in jobs.list_jobs(db, agent_id="agent")] == [job.id]
+    assert jobs.list_jobs(db, agent_id="someone-else") == []
     with pytest.raises(InvalidInputError), transaction(db):
         jobs.create_job(db, agent_id="agent", name="digest", schedule="x", prompt="p")
 
