@@ -63,7 +63,7 @@ from rich.table import Table
 
 from fermix import Conversation, Memory, llm
 from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
-from fermix.memory import compaction
+from fermix.core import compaction
 from fermix.storage import conversations
 from fermix.tokens import count_tokens
 

@@ -8,7 +8,7 @@ messages. In the same run it measures (median of the repetitions):
 
 - ``raw_read_ms_10k``: ``SELECT`` of every live row of that agent, fetched as tuples;
 - ``list_rows_ms_10k``: the same rows through ``memories.list_rows`` (dataclasses);
-- ``rebuild_ms_10k``: :func:`fermix.memory.prompt_files.rebuild` after one row changed, so
+- ``rebuild_ms_10k``: :func:`fermix.runtime.prompt_files.rebuild` after one row changed, so
   each rebuild renders, records a revision and replaces a file (fsync included);
 - ``rebuild_unchanged_ms_10k``: a rebuild from unchanged rows (reads, renders, writes nothing);
 - ``render_all_ms_10k``: rendering both files from all 10,000 rows already in memory
@@ -40,12 +40,13 @@ import apsw
 from rich.console import Console
 from rich.table import Table
 
-from fermix.config import Home
-from fermix.memory import categories, prompt_files, render
-from fermix.memory.composer import PromptComposer
+from fermix import model
+from fermix.core import categories, render
+from fermix.core.composer import PromptComposer
+from fermix.home import Home
+from fermix.model import CATEGORIES, ConversationKey, NewMessage
+from fermix.runtime import prompt_files
 from fermix.storage import memories, messages, open_database, transaction
-from fermix.storage.memories import CATEGORIES
-from fermix.storage.messages import ConversationKey, NewMessage
 
 AGENT = "bench"
 OWNER = ""
@@ -100,7 +101,7 @@ def seed_rows(conn: apsw.Connection, count: int) -> None:
                 category=category,
                 key=f"fact-{i}",
                 value=f"Fact {i}: {words}",
-                promote_target=categories.TARGET_OF[category],
+                promote_target=model.TARGET_OF[category],
                 now=1_700_000_000_000 + i,
             )
 

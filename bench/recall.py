@@ -35,8 +35,8 @@ import apsw
 from rich.console import Console
 from rich.table import Table
 
+from fermix.model import ConversationKey, NewMessage
 from fermix.storage import fts, messages, open_database, transaction
-from fermix.storage.messages import ConversationKey, NewMessage
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/locomo-dev.json"
 CATEGORIES = (1, 2, 3, 4)

@@ -51,14 +51,15 @@ from model_server import ModelServer
 from rich.console import Console
 from rich.table import Table
 
-from fermix import llm
+from fermix import llm, model
 from fermix.actors import reviewer
 from fermix.api import Conversation, Memory
-from fermix.config import Config, Home, MemoryConfig, ModelConfig
-from fermix.memory import categories, prompt_files, review
+from fermix.config import Config, MemoryConfig, ModelConfig
+from fermix.core import categories, review
+from fermix.home import Home
+from fermix.model import MemoryRow, Message
+from fermix.runtime import prompt_files
 from fermix.storage import conversations, memories, messages, open_database, transaction
-from fermix.storage.memories import MemoryRow
-from fermix.storage.messages import Message
 
 MESSAGES = 40
 ROWS = 200
@@ -80,9 +81,9 @@ def seed_rows(home: Path, rng: random.Random) -> None:
         with transaction(conn):
             for i in range(ROWS):
                 if i < 140:
-                    category = categories.USER_CATEGORIES[i % 4]
+                    category = model.USER_CATEGORIES[i % 4]
                 else:
-                    category = categories.MEMORY_CATEGORIES[i % 2]
+                    category = model.MEMORY_CATEGORIES[i % 2]
                 scope, owner = categories.reviewer_scope(
                     category, agent_id=AGENT, owner_id=OWNER, trust="operator"
                 )
@@ -94,7 +95,7 @@ def seed_rows(home: Path, rng: random.Random) -> None:
                     category=category,
                     key=f"{category}_{i}",
                     value=" ".join(rng.choices(_WORDS, k=12)).capitalize(),
-                    promote_target=categories.TARGET_OF[category],
+                    promote_target=model.TARGET_OF[category],
                 )
         prompt_files.rebuild_all_for_agent(conn, Home(home), AGENT, reason="seed")
     finally:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fermix.api import Memory
-    from fermix.config import Config, Home, load_config
+    from fermix.config import Config, load_config
     from fermix.conversation import Conversation
     from fermix.errors import (
         AccessDeniedError,
@@ -30,7 +30,8 @@ if TYPE_CHECKING:
         StorageError,
         WriteFailedError,
     )
-    from fermix.storage.messages import ConversationKey, Message
+    from fermix.home import Home
+    from fermix.model import ConversationKey, Message
     from fermix.tools import JobCaller
 
 # Exported names are imported on first use, so ``fermix memory list`` and other commands
@@ -38,11 +39,11 @@ if TYPE_CHECKING:
 _HOMES = {
     "Memory": "fermix.api",
     "Config": "fermix.config",
-    "Home": "fermix.config",
+    "Home": "fermix.home",
     "load_config": "fermix.config",
     "Conversation": "fermix.conversation",
-    "ConversationKey": "fermix.storage.messages",
-    "Message": "fermix.storage.messages",
+    "ConversationKey": "fermix.model",
+    "Message": "fermix.model",
     "JobCaller": "fermix.tools",
 }
 

@@ -23,7 +23,7 @@ from typing import Any, Self
 
 import pykka
 
-from fermix import validate
+from fermix import model, validate
 from fermix.actors.compactor import (
     Compact,
     CompactionContext,
@@ -41,16 +41,17 @@ from fermix.actors.reviewer import (
     due_reviews,
 )
 from fermix.actors.store import GetRow, ListRows, Store, Write, list_filters
-from fermix.config import Config, Home, load_config
+from fermix.config import Config, load_config
 from fermix.conversation import Conversation
+from fermix.core import commands
+from fermix.core.composer import PromptComposer
 from fermix.errors import ActorUnavailableError, InvalidInputError, SupervisorEscalationError
-from fermix.memory import commands, prompt_files
-from fermix.memory.composer import PromptComposer
-from fermix.storage import conversations, open_database
+from fermix.home import Home
+from fermix.model import ConversationKey, MemoryRow, Message, NewMessage
+from fermix.runtime import prompt_files
+from fermix.storage import open_database
 from fermix.storage.committer import Committer
 from fermix.storage.connection import connect
-from fermix.storage.memories import MemoryRow
-from fermix.storage.messages import ConversationKey, Message, NewMessage
 from fermix.storage.pool import ReaderPool
 from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
 from fermix.tools import MemoryTools
@@ -208,7 +209,7 @@ class Memory:
     ) -> Conversation:
         """A handle on one conversation; cheap, and safe to create on every turn."""
         self._check_running()
-        conversations.check_trust(trust)
+        model.check_trust(trust)
         key = ConversationKey(agent_id, channel, chat_id, thread_scope)
         validate.identifier("owner_id", owner_id, allow_empty=True)
         return Conversation(self, key, owner_id=owner_id, trust=trust)

@@ -23,11 +23,14 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from fermix import llm
+from fermix import llm, model
 from fermix.api import Memory
-from fermix.config import Config, Home
+from fermix.config import Config
 from fermix.conversation import Conversation
+from fermix.core import commands
+from fermix.core.review import Skip
 from fermix.errors import FermixError, ModelError
+from fermix.home import Home
 from fermix.storage import resources
 
 DEFAULT_SYSTEM = (
@@ -36,11 +39,16 @@ DEFAULT_SYSTEM = (
 )
 MAX_TOOL_ROUNDS = 4
 CHAT_COMMANDS = {
-    "/help": "show the commands",
-    "/memory": "show USER.md and MEMORY.md",
-    "/review": "distil facts from this conversation now",
-    "/quit": "leave (also Ctrl-D or Ctrl-C)",
+    "memory": "show USER.md and MEMORY.md",
+    "review": "distil facts from this conversation now",
+    "help": "show the commands",
+    "quit": "leave (also /exit, Ctrl-D or Ctrl-C)",
 }
+"""The commands this host handles itself; fermix's own (/compact, /new, /clear) go through
+``Conversation.handle_command``. ``/help`` lists both, from :func:`commands.help_text`."""
+UP_TO_DATE_BACKGROUND = "memory is up to date (the background review already saw these messages)"
+UP_TO_DATE = "memory is up to date (no new messages since the last review)"
+NOTHING_TO_REVIEW = "nothing to review yet (no messages from you in this conversation)"
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,8 @@ class ChatSession:
         self.route = llm.Route.from_config(memory.config.model)
         self._revisions = self._current_revisions()
         self._checkpoint = self._checkpoint_id()
+        self._reviewed_up_to = self._last_reviewed_message_id()
+        """How far the reviews this session knows of had read; a newer mark is another's."""
 
     def note(self, text: str) -> None:
         """Print a quiet status line."""
@@ -114,9 +124,7 @@ class ChatSession:
     def handle(self, text: str) -> None:
         """One line: a command, or a turn."""
         if text == "/help":
-            for name, doc in CHAT_COMMANDS.items():
-                self.out.print(f"{name:10} {doc}")
-            self.out.print("/compact    summarize older messages now\n/new       fresh window")
+            self.out.print(commands.help_text(CHAT_COMMANDS), markup=False, highlight=False)
             return
         if text == "/memory":
             user_md, memory_md = self.memory.composer.files(
@@ -126,8 +134,7 @@ class ChatSession:
             self.out.print(escape(memory_md or "(MEMORY.md is empty)"))
             return
         if text == "/review":
-            result = self.memory.review(self.conv)
-            self.note(f"review: {result.status} {result.skip or ''} {result.error or ''}".strip())
+            self.review_now()
             return
         reply = self.conv.handle_command(text)
         if reply is not None:
@@ -173,6 +180,50 @@ class ChatSession:
         self.note(via)
         self.conv.commit(answer.content, usage={"prompt_tokens": peak})
 
+    def review_now(self) -> None:
+        """``/review``: a forced review of this conversation, reported as what happened.
+
+        The background review is dispatched after every turn and runs on the same reviewer
+        actor, so a ``/review`` typed right after a turn usually finds that review has just
+        read the new messages. That is said as such, with the files it changed reported
+        once, rather than as a skipped review followed by an unexplained update.
+        """
+        result = self.memory.review(self.conv)
+        reviewed = self._last_reviewed_message_id()
+        if result.status == "applied":
+            done = [
+                f"{count} {what}"
+                for count, what in (
+                    (result.added, "added"),
+                    (result.replaced, "replaced"),
+                    (result.archived, "archived"),
+                    (len(result.refused), "refused"),
+                )
+                if count
+            ]
+            self.note("review: applied" + (f" ({', '.join(done)})" if done else ""))
+        elif result.status == "nothing":
+            self.note(f"review: nothing new to remember in {_plural(result.messages, 'message')}")
+        elif result.status == "failed":
+            self.note(f"review failed: {result.error or 'unknown error'}")
+        elif result.skip is Skip.NO_NEW_MESSAGES:
+            self._report_memory_changes()  # what the background review wrote, said once
+            if reviewed == 0:
+                self.note(NOTHING_TO_REVIEW)
+            elif reviewed > self._reviewed_up_to:
+                self.note(UP_TO_DATE_BACKGROUND)
+            else:
+                self.note(UP_TO_DATE)
+        elif result.skip is Skip.CLAIMED:
+            self.note(
+                "a background review of this conversation is running; "
+                "its changes will show here when it finishes"
+            )
+        else:
+            self.note(f"review skipped ({result.skip or result.status})")
+        self._reviewed_up_to = max(self._reviewed_up_to, reviewed)
+        self._report_memory_changes()
+
     def _run_tools(self, answer: llm.Completion) -> None:
         self.conv.append(
             "assistant",
@@ -194,7 +245,7 @@ class ChatSession:
     def _current_revisions(self) -> dict[str, int]:
         with self.memory.readers.connection() as conn:
             found = {}
-            for name in resources.RESOURCE_NAMES:
+            for name in model.RESOURCE_NAMES:
                 res = resources.get_resource(
                     conn, self.options.agent_id, name, owner_id=self.options.owner_id
                 )
@@ -205,17 +256,29 @@ class ChatSession:
         state = self.conv.state()
         return None if state is None else state.checkpoint_message_id
 
-    def _report_background_changes(self) -> None:
+    def _last_reviewed_message_id(self) -> int:
+        state = self.conv.state()
+        return 0 if state is None else state.last_reviewed_message_id
+
+    def _report_memory_changes(self) -> None:
+        """Say which prompt files changed since last said, once per change."""
         revisions = self._current_revisions()
         changed = [n for n in revisions if revisions[n] != self._revisions.get(n)]
         if changed:
             files = ", ".join("USER.md" if n == "user_md" else "MEMORY.md" for n in changed)
             self.note(f"memory updated ({files})")
         self._revisions = revisions
+
+    def _report_background_changes(self) -> None:
+        self._report_memory_changes()
         checkpoint = self._checkpoint_id()
         if checkpoint != self._checkpoint and checkpoint is not None:
             self.note("trimmed older conversation history to stay within the context window")
         self._checkpoint = checkpoint
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 def _short(arguments: Any, width: int = 60) -> str:

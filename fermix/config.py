@@ -2,8 +2,10 @@
 
 Every key lives in one table: the section dataclasses below, whose fields carry their
 default, their check and a one-line doc. :data:`KEYS` is derived from them, so
-:func:`load_config`, :func:`validate_key` (for ``fermix config set``) and
-:func:`defaults_toml` cannot disagree about a key.
+:func:`load_config`, :func:`validate_key` (for ``fermix config set``) and the commented
+template ``fermix config`` writes (:func:`fermix.cli.config_file.defaults_toml`) cannot
+disagree about a key. Loading uses tomllib only: editing the file in place, with tomlkit,
+is the CLI's job (:mod:`fermix.cli.config_file`), so a host never imports tomlkit.
 """
 
 from __future__ import annotations
@@ -15,56 +17,13 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, TypeGuard, TypeVar
 
-import tomlkit
-
-from fermix import validate
-from fermix.errors import ConfigError, InvalidInputError
+from fermix.errors import ConfigError
 
 ROOT_TABLE = "fermix_core"
-HOME_ENV = "FERMIX_HOME"
-DEFAULT_HOME = "~/.fermix"
 
 T = TypeVar("T")
-
-
-def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Return the home: ``explicit`` (``--home``), else ``$FERMIX_HOME``, else ``~/.fermix``."""
-    if explicit is not None:
-        if not os.fspath(explicit):
-            raise InvalidInputError("home must not be an empty path")
-        chosen: str | os.PathLike[str] = explicit
-    else:
-        chosen = os.environ.get(HOME_ENV) or DEFAULT_HOME
-    return Path(chosen).expanduser().absolute()
-
-
-@dataclass(frozen=True)
-class Home:
-    """The paths inside one fermix home directory."""
-
-    root: Path
-
-    @classmethod
-    def resolve(cls, explicit: str | os.PathLike[str] | None = None) -> Home:
-        """Return the home chosen as :func:`resolve_home` chooses it."""
-        return cls(resolve_home(explicit))
-
-    @property
-    def db_path(self) -> Path:
-        """``memory.db``, the source of truth (S1)."""
-        return self.root / "memory.db"
-
-    @property
-    def config_path(self) -> Path:
-        """``config.toml``."""
-        return self.root / "config.toml"
-
-    def agent_dir(self, agent_id: str) -> Path:
-        """``memory/<agent_id>/`` for USER.md and MEMORY.md; an unsafe id is refused (C5)."""
-        return self.root / "memory" / validate.path_segment("agent_id", agent_id)
 
 
 @dataclass(frozen=True)
@@ -307,99 +266,10 @@ def _from_tables(data: Mapping[str, object], source: str) -> Config:
     return Config(**sections)
 
 
-def defaults_toml(values: Mapping[str, object] | None = None) -> str:
-    """Render a ``config.toml`` with every key commented out at its default.
-
-    A key that is unset by default is shown at an example value instead. A key in
-    ``values`` (dotted name to TOML value) is written uncommented at that value, in place.
-    """
-    chosen = values or {}
-    lines = [
-        "# fermix configuration. Every key is shown commented out at its default (or, if it",
-        "# is unset by default, at an example value); uncomment a line to change it.",
-    ]
-    for section, cls in SECTIONS.items():
-        lines += ["", f"[{ROOT_TABLE}.{section}]"]
-        for f in fields(cls):
-            key = KEYS[f"{ROOT_TABLE}.{section}.{f.name}"]
-            mark = "" if key.dotted in chosen else "# "
-            shown = chosen.get(key.dotted, key.example if key.default is None else key.default)
-            value = tomlkit.item(list(shown) if isinstance(shown, tuple) else shown)
-            lines += [f"# {key.doc} Must be {key.kind}.", f"{mark}{f.name} = {value.as_string()}"]
-    return "\n".join(lines) + "\n"
-
-
-# --- editing config.toml in place (``fermix config set``, ``fermix setup``) ---
-
-
-def read_document(path: str | os.PathLike[str]) -> tomlkit.TOMLDocument:
-    """``config.toml`` as a tomlkit document that keeps its comments and layout.
-
-    A missing file is an empty document; unreadable TOML raises :class:`ConfigError`.
-    """
-    source = os.fspath(path)
+def parse_config(text: str, source: str) -> Config:
+    """Load config.toml's ``text`` exactly as :func:`load_config` loads the file ``source``."""
     try:
-        with open(source, encoding="utf-8") as fh:
-            return tomlkit.parse(fh.read())
-    except FileNotFoundError:
-        return tomlkit.document()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{source}: cannot read config: {exc}") from None
-    except tomlkit.exceptions.ParseError as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: invalid TOML: {exc}") from None
-
-
-def document_values(document: tomlkit.TOMLDocument) -> dict[str, object]:
-    """Every known key set in ``document``, by dotted name, as plain TOML values."""
-    root = document.unwrap().get(ROOT_TABLE)
-    tables = root.items() if isinstance(root, dict) else ()
-    return {
-        f"{ROOT_TABLE}.{section}.{name}": value
-        for section, table in tables
-        if isinstance(table, dict)
-        for name, value in table.items()
-        if f"{ROOT_TABLE}.{section}.{name}" in KEYS
-    }
-
-
-def _section_table(document: tomlkit.TOMLDocument, dotted: str, *, create: bool) -> Any:
-    """The table of ``dotted``'s section in ``document`` (created when asked), else None."""
-    _, section, _ = dotted.split(".")
-    tables: Any = document
-    for name in (ROOT_TABLE, section):
-        if name not in tables:
-            if not create:
-                return None
-            tables.add(name, tomlkit.table(is_super_table=name == ROOT_TABLE))
-        tables = tables[name]
-        if not isinstance(tables, dict):
-            raise ConfigError(f"{ROOT_TABLE}.{section} must be a table, not {_shown(tables)}")
-    return tables
-
-
-def set_document_value(document: tomlkit.TOMLDocument, dotted: str, value: object) -> None:
-    """Set ``dotted`` to ``value`` in ``document``, keeping every other line and comment.
-
-    ``value`` is checked with :func:`validate_key` first (:class:`ConfigError` names the key)
-    and stored as given: ``24`` stays an integer, ``"infinity"`` stays text.
-    """
-    validate_key(dotted, value)
-    stored = list(value) if isinstance(value, tuple) else value
-    _section_table(document, dotted, create=True)[dotted.rsplit(".", 1)[1]] = stored
-
-
-def unset_document_value(document: tomlkit.TOMLDocument, dotted: str) -> bool:
-    """Remove ``dotted`` from ``document`` (back to its default); False if it was not set."""
-    if dotted not in KEYS:
-        raise _unknown(dotted, KEYS, "")
-    table = _section_table(document, dotted, create=False)
-    name = dotted.rsplit(".", 1)[1]
-    if table is None or name not in table:
-        return False
-    del table[name]
-    return True
-
-
-def check_document(document: tomlkit.TOMLDocument, source: str) -> Config:
-    """Load ``document`` exactly as :func:`load_config` would load it from ``source``."""
-    return _from_tables(tomllib.loads(document.as_string()), source)
+    return _from_tables(data, source)

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from fermix.actors.conversation import History, Reload, StateQuery
 from fermix.errors import InvalidInputError
-from fermix.storage.conversations import ConversationState
-from fermix.storage.messages import ConversationKey, Message, NewMessage
+from fermix.model import ConversationKey, ConversationState, Message, NewMessage
 
 if TYPE_CHECKING:
     from fermix.api import Memory

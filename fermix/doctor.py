@@ -19,8 +19,10 @@ from typing import Any, Literal
 
 import apsw
 
-from fermix.config import Config, Home, load_config
+from fermix import model
+from fermix.config import Config, load_config
 from fermix.errors import ConfigError, FermixError, SchemaTooNewError, UnsafePathSegmentError
+from fermix.home import Home
 from fermix.storage import connection, conversations, migrations
 from fermix.storage.connection import fetch_rows, transaction
 
@@ -165,7 +167,8 @@ def rebuild_fts(conn: apsw.Connection, table: str) -> None:
 
 def stale_prompt_files(conn: apsw.Connection, home: Home) -> tuple[int, list[dict[str, Any]]]:
     """How many prompt files were compared, and those that differ from a fresh render (C5)."""
-    from fermix.memory import prompt_files, render
+    from fermix.core import render
+    from fermix.runtime import prompt_files
 
     agents = fetch_rows(conn, "SELECT agent_id FROM memories UNION SELECT agent_id FROM resources")
     compared = 0
@@ -206,7 +209,7 @@ def check_prompt_files(conn: apsw.Connection, home: Home) -> Check:
 
 def rerender_prompt_files(conn: apsw.Connection, home: Home) -> int:
     """Rebuild every stale prompt file's agent and owner; return how many files were stale."""
-    from fermix.memory import prompt_files
+    from fermix.runtime import prompt_files
 
     _, stale = stale_prompt_files(conn, home)
     for agent_id, owner_id in sorted({(s["agent_id"], s["owner_id"]) for s in stale}):
@@ -214,7 +217,7 @@ def rerender_prompt_files(conn: apsw.Connection, home: Home) -> int:
     return len(stale)
 
 
-def _conversation(state: conversations.ConversationState) -> str:
+def _conversation(state: model.ConversationState) -> str:
     return f"{state.agent_id}/{state.key.scope_id}"
 
 
@@ -247,10 +250,10 @@ def release_claims(conn: apsw.Connection, *, now: int) -> int:
 
 
 def _gate_row(
-    state: conversations.ConversationState, pending: int, config: Config, *, now: int
+    state: model.ConversationState, pending: int, config: Config, *, now: int
 ) -> dict[str, Any]:
     """One conversation's review gate (E2) as the reviewer would see it now."""
-    from fermix.memory import review
+    from fermix.core import review
 
     cfg = config.memory
     skip = review.gate(

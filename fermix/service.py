@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fermix.config import Home
 from fermix.errors import ServiceError
+from fermix.home import Home
 
 log = logging.getLogger(__name__)
 

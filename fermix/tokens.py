@@ -2,9 +2,11 @@
 
 tiktoken downloads an encoding on first use unless its cache directory already holds it.
 litellm's wheel ships ``cl100k_base`` and ``o200k_base`` in its ``tokenizers`` folder, named
-as tiktoken names its cache files (the sha1 of the download URL). When neither
-``TIKTOKEN_CACHE_DIR`` nor ``DATA_GYM_CACHE_DIR`` is set, the first count points
-``TIKTOKEN_CACHE_DIR`` at that folder, found without importing litellm (which takes seconds).
+as tiktoken names its cache files (the sha1 of the download URL): see
+:data:`LITELLM_TOKENIZER_DIRS`. When neither ``TIKTOKEN_CACHE_DIR`` nor ``DATA_GYM_CACHE_DIR``
+is set, the first count points ``TIKTOKEN_CACHE_DIR`` at that folder, found without importing
+litellm (which takes seconds). That layout is litellm's, not a promise: pyproject.toml caps
+litellm, and tests/test_tokens.py checks the installed one still has it.
 
 An encoding is loaded only when its cache file is present and intact (tiktoken would
 otherwise fetch it, or delete a damaged copy and fetch it). When it is not, counts fall back
@@ -48,6 +50,11 @@ _SOURCES = {
         "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
     ),
 }
+LITELLM_TOKENIZER_DIRS = (
+    Path("litellm_core_utils", "tokenizers"),  # current releases (1.110 checked)
+    Path("llms", "tokenizers"),  # older releases (1.53 checked)
+)
+"""Where litellm's wheel keeps the tiktoken files, relative to the package, newest first."""
 _O200K_MODELS = re.compile(r"(?:gpt-4o|gpt-4\.1|gpt-5|chatgpt-4o|o1|o3|o4)(?:[-.:@_].*)?")
 
 _log = logging.getLogger(__name__)
@@ -168,13 +175,21 @@ def _point_cache_at_litellm() -> None:
     """Set TIKTOKEN_CACHE_DIR to litellm's bundled tokenizers unless a cache dir is chosen."""
     if "TIKTOKEN_CACHE_DIR" in os.environ or "DATA_GYM_CACHE_DIR" in os.environ:
         return
+    folder = litellm_tokenizer_dir()
+    if folder is not None:
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
+
+
+def litellm_tokenizer_dir() -> Path | None:
+    """The installed litellm's tokenizers folder, found without importing litellm; else None."""
     # find_spec on a top-level name locates the package without importing it.
     spec = importlib.util.find_spec("litellm")
     for location in (spec.submodule_search_locations or []) if spec else []:
-        folder = Path(location) / "litellm_core_utils" / "tokenizers"
-        if folder.is_dir():
-            os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
-            return
+        for relative in LITELLM_TOKENIZER_DIRS:
+            folder = Path(location) / relative
+            if folder.is_dir():
+                return folder
+    return None
 
 
 def _cache_dir() -> str:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import apsw
 
+from fermix.core import categories
 from fermix.errors import FermixError, InvalidInputError
-from fermix.memory import categories
+from fermix.model import MemoryRow, Provenance, Scope
 from fermix.storage import jobs, memories, messages
-from fermix.storage.memories import MemoryRow, Provenance, Scope
 
 if TYPE_CHECKING:
     from fermix.api import Memory

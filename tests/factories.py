@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fermix.storage.memories import MemoryRow
+from fermix.model import MemoryRow
 
 ROW_DEFAULTS: dict[str, Any] = {
     "id": 1,

@@ -12,13 +12,13 @@ import apsw
 import pytest
 from faults import FaultVFS
 
+from fermix import model
 from fermix.actors.registry import child_id
 from fermix.api import Memory
 from fermix.config import Config, MemoryConfig
 from fermix.errors import ActorUnavailableError, InvalidInputError, WriteFailedError
+from fermix.model import ConversationKey, Scope
 from fermix.storage import memories, messages, open_database
-from fermix.storage.memories import Scope
-from fermix.storage.messages import ConversationKey
 
 _vfs = FaultVFS("fermix-faulty-actors")
 
@@ -150,7 +150,7 @@ def test_a6_a_crashed_store_is_restarted_and_reads_stay_right(memory: Memory) ->
     assert memory.get_row(row.id) == row
 
 
-def _upsert(conn: apsw.Connection, key: str, value: str) -> memories.MemoryRow:
+def _upsert(conn: apsw.Connection, key: str, value: str) -> model.MemoryRow:
     return memories.upsert(
         conn,
         agent_id="agent",

@@ -11,18 +11,17 @@ from factories import ROW_DEFAULTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fermix.errors import AccessDeniedError, InvalidInputError
-from fermix.memory import categories
-from fermix.memory.categories import (
+from fermix.core import categories
+from fermix.core.categories import (
     DEFAULT_OWNER_SCOPE_ID,
     TARGET_OF,
     render_queries,
     renders,
     reviewer_scope,
 )
+from fermix.errors import AccessDeniedError, InvalidInputError
+from fermix.model import CATEGORIES, ConversationKey, MemoryRow, Scope
 from fermix.storage import memories, open_database, transaction
-from fermix.storage.memories import CATEGORIES, MemoryRow, Scope
-from fermix.storage.messages import ConversationKey
 
 USER_CATS = ("identity", "preference", "interest", "goal")
 

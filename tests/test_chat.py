@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 from model_server import ModelServer
 
+from fermix import model
 from fermix.chat import DEFAULT_SYSTEM
-from fermix.memory.compaction import SUMMARY_PROMPT
+from fermix.core.compaction import SUMMARY_PROMPT
+from fermix.model import ConversationKey, Message
 from fermix.storage import conversations, messages, open_database
-from fermix.storage.messages import ConversationKey, Message
 
 KEY = ConversationKey("default", "cli", "terminal")
 PROMPT = "you> "
@@ -164,7 +165,7 @@ def chat_home(home: Path) -> Path:
     return home
 
 
-def stored(home: Path) -> tuple[list[Message], list[Message], conversations.ConversationState]:
+def stored(home: Path) -> tuple[list[Message], list[Message], model.ConversationState]:
     """Every stored message of the terminal conversation, its window, and its state."""
     conn = open_database(home / "memory.db")
     try:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fermix.cli import EXIT_NOT_FOUND, EXIT_USAGE, main
+from fermix.model import Scope
 from fermix.storage import memories, open_database, transaction
-from fermix.storage.memories import Scope
 
 
 def _seed(home: Path) -> dict[str, int]:

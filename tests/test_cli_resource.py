@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from fermix import model
 from fermix.cli import EXIT_NOT_FOUND, EXIT_USAGE, main
-from fermix.config import Home
-from fermix.memory import categories, prompt_files
+from fermix.core import categories
+from fermix.home import Home
+from fermix.runtime import prompt_files
 from fermix.storage import memories, open_database, transaction
 
 
@@ -54,7 +56,7 @@ def remember(home: Path, category: str, key: str, value: str, owner_id: str = ""
                 category=category,
                 key=key,
                 value=value,
-                promote_target=categories.TARGET_OF[category],
+                promote_target=model.TARGET_OF[category],
             )
         prompt_files.rebuild(conn, Home(home), "bot", owner_id)
         return row.id

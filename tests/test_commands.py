@@ -15,10 +15,11 @@ from model_server import ModelServer
 
 from fermix import Conversation, Memory
 from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
-from fermix.memory import categories, prompt_files
-from fermix.memory.commands import Command, allowed, help_text, parse, refusal
+from fermix.core import categories
+from fermix.core.commands import Command, allowed, help_text, parse, refusal
+from fermix.model import Provenance
+from fermix.runtime import prompt_files
 from fermix.storage import jobs, memories, open_database
-from fermix.storage.memories import Provenance
 
 # -- the parser -------------------------------------------------------------------------
 

@@ -11,9 +11,9 @@ import pytest
 from faults import FaultVFS
 
 from fermix.errors import WriteFailedError
+from fermix.model import ConversationKey, NewMessage
 from fermix.storage import messages, open_database
 from fermix.storage.committer import Committer, RetryPolicy
-from fermix.storage.messages import ConversationKey, NewMessage
 
 KEY = ConversationKey("agent", "cli", "1")
 _vfs = FaultVFS("fermix-faulty-committer")

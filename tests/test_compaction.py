@@ -20,8 +20,8 @@ from model_server import ModelServer
 
 from fermix import Conversation, Memory
 from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig, RealtimeConfig
-from fermix.memory import compaction
-from fermix.memory.compaction import (
+from fermix.core import compaction
+from fermix.core.compaction import (
     MESSAGE_OVERHEAD,
     NOTICE,
     SUMMARY_PROMPT,
@@ -31,8 +31,8 @@ from fermix.memory.compaction import (
     plan,
     transcript,
 )
+from fermix.model import ConversationKey, Message
 from fermix.storage import conversations, messages, open_database
-from fermix.storage.messages import ConversationKey, Message
 from fermix.tokens import count_tokens, uses_tiktoken
 
 MODEL = "openai/test"

@@ -32,9 +32,9 @@ from soak import zygote as zygotes
 from soak.cli import ERROR_MARKS, CliLoop
 from soak.zygote import Child, Zygote
 
+from fermix.model import ConversationKey
 from fermix.storage import messages, open_database
 from fermix.storage.connection import fetch_rows
-from fermix.storage.messages import ConversationKey
 
 AGENT = "twin"
 ANSWER_S = 60.0

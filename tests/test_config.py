@@ -13,21 +13,20 @@ import tomlkit
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fermix.cli.config_file import defaults_toml
 from fermix.config import (
     KEYS,
     CompactionConfig,
     Config,
-    Home,
     MemoryConfig,
     ModelConfig,
     RealtimeConfig,
-    defaults_toml,
     load_config,
     parse_value,
-    resolve_home,
     validate_key,
 )
 from fermix.errors import ConfigError, InvalidInputError, UnsafePathSegmentError
+from fermix.home import Home, resolve_home
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -241,3 +241,24 @@ def test_e8_config_set_on_a_fresh_home_writes_every_key_commented_and_this_one_i
     umask = os.umask(0)
     os.umask(umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("fermix_core = 5\n", "fermix_core must be a table, not 5"),
+        ('[fermix_core]\nmemory = "daily"\n', 'fermix_core.memory must be a table, not "daily"'),
+    ],
+)
+def test_e8_config_set_into_a_value_that_is_not_a_table_names_it_and_leaves_the_file(
+    home: Path, capsys: pytest.CaptureFixture[str], text: str, named: str
+) -> None:
+    path = _config(home, text)
+    for argv in (
+        ["config", "set", "fermix_core.memory.review_max_messages", "9"],
+        ["config", "unset", "fermix_core.memory.review_max_messages"],
+    ):
+        capsys.readouterr()
+        assert main(argv) == EXIT_FAILURE
+        assert named in capsys.readouterr().err
+        assert path.read_text(encoding="utf-8") == text

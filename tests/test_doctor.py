@@ -16,11 +16,13 @@ from model_server import ModelServer
 from fermix import doctor
 from fermix.cli import EXIT_FAILURE, main
 from fermix.clock import now_ms
-from fermix.config import Config, Home, ModelConfig
-from fermix.memory import categories, prompt_files
+from fermix.config import Config, ModelConfig
+from fermix.core import categories
+from fermix.home import Home
+from fermix.model import ConversationKey, NewMessage
+from fermix.runtime import prompt_files
 from fermix.storage import conversations, memories, messages, migrations, open_database
 from fermix.storage.connection import apply_settings, raw_connect, transaction
-from fermix.storage.messages import ConversationKey, NewMessage
 
 AGENT = "assistant"
 KEY = ConversationKey(AGENT, "telegram", "42")

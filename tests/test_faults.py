@@ -27,12 +27,14 @@ import pytest
 from faults import FaultVFS
 from model_server import ModelServer
 
-from fermix import doctor
+from fermix import doctor, model
 from fermix.actors.registry import child_id
 from fermix.actors.reviewer import CLAIM_TTL_MS
 from fermix.api import Conversation, Memory
 from fermix.clock import now_ms
-from fermix.config import Config, Home, MemoryConfig, ModelConfig
+from fermix.config import Config, MemoryConfig, ModelConfig
+from fermix.core import categories
+from fermix.core import review as review_rules
 from fermix.errors import (
     ActorUnavailableError,
     FermixError,
@@ -40,12 +42,12 @@ from fermix.errors import (
     SupervisorEscalationError,
     WriteFailedError,
 )
-from fermix.memory import categories, prompt_files, repair
-from fermix.memory import review as review_rules
+from fermix.home import Home
+from fermix.model import Scope
+from fermix.runtime import prompt_files, repair
 from fermix.storage import connection, conversations, memories, messages, migrations
 from fermix.storage import open_database as open_db
 from fermix.storage.connection import fetch_rows, fetch_value, raw_connect
-from fermix.storage.memories import Scope
 
 _vfs = FaultVFS("fermix-faulty-faults")
 VFS = _vfs.vfs_name
@@ -221,7 +223,7 @@ def stored_contents(home: Path, conv: Conversation) -> list[str]:
         conn.close()
 
 
-def state_of(home: Path, conv: Conversation) -> conversations.ConversationState:
+def state_of(home: Path, conv: Conversation) -> model.ConversationState:
     conn = open_db(home / "memory.db")
     try:
         state = conversations.get(conn, conv.key)

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fermix.model import ConversationKey, NewMessage
 from fermix.storage import fts, messages, open_database, transaction
-from fermix.storage.messages import ConversationKey, NewMessage
 
 KEY = ConversationKey("agent", "telegram", "alice")
 OTHER = ConversationKey("agent", "telegram", "bob")

@@ -16,9 +16,11 @@ import pytest
 
 from fermix.api import Memory
 from fermix.cli import main
-from fermix.config import Home, load_config
+from fermix.config import load_config
+from fermix.core import commands, review
 from fermix.errors import ConfigError, FermixError, InvalidInputError, ReviewOutputError
-from fermix.memory import commands, prompt_files, review
+from fermix.home import Home
+from fermix.runtime import prompt_files
 from fermix.storage import open_database
 from fermix.storage.connection import fetch_rows
 

@@ -14,12 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fermix import model
 from fermix.actors.reviewer import shown_rows
-from fermix.memory import categories, prompt_files, render, review
-from fermix.memory.review import Operation
+from fermix.core import categories, render, review
+from fermix.core.review import Operation
+from fermix.model import ConversationKey, MemoryRow, Scope
+from fermix.runtime import prompt_files
 from fermix.storage import conversations, memories, open_database, transaction
-from fermix.storage.memories import MemoryRow, Scope
-from fermix.storage.messages import ConversationKey
 
 AGENTS = ["a1", "a2"]
 OWNERS = ["", "alice", "bob"]
@@ -31,7 +32,7 @@ row_specs = st.lists(
         st.sampled_from(OWNERS),
         st.sampled_from(["owner", "agent", "conversation", "job"]),
         st.sampled_from(CHATS),
-        st.sampled_from(list(categories.TARGET_OF)),
+        st.sampled_from(list(model.TARGET_OF)),
         st.booleans(),  # promoted
         st.booleans(),  # archived
     ),
@@ -63,7 +64,7 @@ def _seed(
                 category=category,
                 key=f"k{i}",
                 value=f"token{i}x",
-                promote_target=categories.TARGET_OF[category] if promoted else None,
+                promote_target=model.TARGET_OF[category] if promoted else None,
             )
             if archived:
                 row = memories.archive(conn, row.id, by="test", reason="old")

@@ -10,12 +10,14 @@ from pathlib import Path
 import apsw
 import pytest
 
-from fermix.config import Home
+from fermix import model
+from fermix.core import categories
 from fermix.errors import FermixError, InvalidInputError, NotFoundError, UnsafePathSegmentError
-from fermix.memory import categories, prompt_files
-from fermix.memory.prompt_files import rebuild, rollback, write_atomic
+from fermix.home import Home
+from fermix.model import MemoryRow
+from fermix.runtime import prompt_files
+from fermix.runtime.prompt_files import rebuild, rollback, write_atomic
 from fermix.storage import memories, open_database, resources, transaction
-from fermix.storage.memories import MemoryRow
 
 UNSAFE_IDS = ["..", ".", "a/b", "a\\b", "\x00", "a\x00b", "", "x" * 500, "-rf", " bot"]
 
@@ -55,7 +57,7 @@ def remember(
             category=category,
             key=key,
             value=value,
-            promote_target=categories.TARGET_OF[category],
+            promote_target=model.TARGET_OF[category],
         )
 
 

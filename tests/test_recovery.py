@@ -16,8 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from fermix.actors.registry import child_id
 from fermix.api import Memory
+from fermix.model import ConversationKey
 from fermix.storage import messages, open_database
-from fermix.storage.messages import ConversationKey
 
 KEYS = [ConversationKey("agent", "chan", str(i)) for i in range(4)]
 

@@ -12,9 +12,9 @@ from factories import memory_row
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fermix.memory import render
-from fermix.memory.categories import DEFAULT_OWNER_SCOPE_ID, TARGET_OF
-from fermix.memory.render import (
+from fermix.core import render
+from fermix.core.categories import DEFAULT_OWNER_SCOPE_ID, TARGET_OF
+from fermix.core.render import (
     MAX_VALUE_CHARS,
     MEMORY_FILE,
     USER_FILE,
@@ -23,7 +23,7 @@ from fermix.memory.render import (
     render_files,
     render_value,
 )
-from fermix.storage.memories import CATEGORIES, MemoryRow
+from fermix.model import CATEGORIES, MemoryRow
 from fermix.tokens import count_tokens
 
 
@@ -270,7 +270,7 @@ def _rows(specs: list[dict[str, Any]]) -> list[MemoryRow]:
 
 
 def _may_show(r: MemoryRow, owner: str, file: FileSpec) -> bool:
-    """The rules restated independently of fermix.memory.categories."""
+    """The rules restated independently of fermix.core.categories."""
     if r.archived_at is not None or r.agent_id != "bot" or r.promote_target != file.name:
         return False
     if file is USER_FILE:

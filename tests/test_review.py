@@ -1,6 +1,6 @@
 """The reviewer's pure rules: gate, packing, parsing and admission (E2-E5, E9, C2, SC3).
 
-No threads, no files: every rule of ``fermix.memory.review`` is a function of its inputs.
+No threads, no files: every rule of ``fermix.core.review`` is a function of its inputs.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fermix.errors import ReviewOutputError
-from fermix.memory import categories
-from fermix.memory.review import (
+from fermix import model
+from fermix.core import categories
+from fermix.core.review import (
     MAX_OPERATIONS,
     MAX_REASON_CHARS,
     MAX_VALUE_CHARS,
@@ -32,9 +32,8 @@ from fermix.memory.review import (
     pack_messages,
     parse,
 )
-from fermix.storage.conversations import ConversationState
-from fermix.storage.memories import CATEGORIES, MemoryRow
-from fermix.storage.messages import Message
+from fermix.errors import ReviewOutputError
+from fermix.model import CATEGORIES, ConversationState, MemoryRow, Message
 from fermix.tokens import count_tokens
 
 HOUR_MS = 3_600_000
@@ -88,7 +87,7 @@ def row(
     agent_id: str = "agent",
 ) -> MemoryRow:
     """A live memory row where the reviewer would have stored ``category`` (SC2)."""
-    profile = categories.TARGET_OF[category] == categories.USER_MD
+    profile = model.TARGET_OF[category] == model.USER_MD
     scope = categories.owner_scope(owner_id) if profile else categories.agent_scope(agent_id)
     return MemoryRow(
         id=id,
@@ -100,7 +99,7 @@ def row(
         key=key or f"key{id}",
         value=f"value {id}",
         confidence=1.0,
-        promote_target=categories.TARGET_OF[category],
+        promote_target=model.TARGET_OF[category],
         source_id=None,
         source_type=None,
         source_name=None,

@@ -22,18 +22,19 @@ from typing import Any
 import pytest
 from model_server import ModelServer
 
+from fermix import model
 from fermix.actors.reviewer import ReviewResult
 from fermix.api import Conversation, Memory
 from fermix.cli import EXIT_USAGE, main
 from fermix.clock import now_ms
-from fermix.config import Config, Home, MemoryConfig, ModelConfig
-from fermix.memory import categories, prompt_files
-from fermix.memory.review import MAX_OPERATIONS, NOTHING_TO_SAVE, Skip
+from fermix.config import Config, MemoryConfig, ModelConfig
+from fermix.core import categories
+from fermix.core.review import MAX_OPERATIONS, NOTHING_TO_SAVE, Skip
+from fermix.home import Home
+from fermix.model import CATEGORIES, ConversationKey, ConversationState, MemoryRow
+from fermix.runtime import prompt_files
 from fermix.storage import conversations, memories, open_database, transaction
 from fermix.storage.connection import fetch_rows
-from fermix.storage.conversations import ConversationState
-from fermix.storage.memories import CATEGORIES, MemoryRow
-from fermix.storage.messages import ConversationKey
 
 MODEL = "openai/reviewer"
 HOUR_MS = 3_600_000
@@ -149,7 +150,7 @@ def seed(
     shared: bool = False,
 ) -> MemoryRow:
     """Store a row where the reviewer would (SC2), as another process would, files rebuilt."""
-    if categories.TARGET_OF[category] == categories.USER_MD:
+    if model.TARGET_OF[category] == model.USER_MD:
         scope, row_owner = categories.owner_scope(owner_id), owner_id
     else:
         scope, row_owner = categories.agent_scope(agent_id), "" if shared else owner_id
@@ -164,7 +165,7 @@ def seed(
                 category=category,
                 key=key,
                 value=value,
-                promote_target=categories.TARGET_OF[category],
+                promote_target=model.TARGET_OF[category],
             )
         prompt_files.rebuild_for_rows(conn, Home(home), [row], reason="seed")
     finally:

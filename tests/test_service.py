@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fermix.config import Home
+from fermix.home import Home
 from fermix.service import ServicePaths, running_pid
 
 

@@ -19,7 +19,8 @@ import pytest
 from model_server import ModelServer
 
 from fermix.cli import EXIT_FAILURE, EXIT_USAGE, main
-from fermix.config import defaults_toml, load_config
+from fermix.cli.config_file import defaults_toml
+from fermix.config import load_config
 
 DEADLINE_S = 60.0
 _ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")

@@ -47,8 +47,8 @@ from fermix import doctor
 from fermix.actors.reviewer import CLAIM_TTL_MS
 from fermix.api import Memory
 from fermix.clock import now_ms
-from fermix.config import Home
-from fermix.memory import prompt_files
+from fermix.home import Home
+from fermix.runtime import prompt_files
 from fermix.storage import conversations, open_database
 from fermix.storage.connection import fetch_rows, fetch_value
 

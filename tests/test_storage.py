@@ -13,17 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fermix import model
 from fermix.errors import InvalidInputError, NotFoundError, SchemaTooNewError
+from fermix.model import ConversationKey, NewMessage, Scope
 from fermix.storage import jobs, memories, messages, open_database, resources, transaction
 from fermix.storage.connection import fetch_rows, fetch_value
-from fermix.storage.memories import Scope
-from fermix.storage.messages import ConversationKey, NewMessage
 from fermix.storage.migrations import latest_version, migrate
 
 KEY = ConversationKey("agent", "telegram", "123")
 
 
-def _add_memory(conn: apsw.Connection, key: str, value: str, **kw: object) -> memories.MemoryRow:
+def _add_memory(conn: apsw.Connection, key: str, value: str, **kw: object) -> model.MemoryRow:
     args: dict[str, object] = {
         "agent_id": "agent",
         "owner_id": "alice",
@@ -231,7 +231,7 @@ _WRITER = textwrap.dedent(
     """
     import sys
     from fermix.storage import open_database, transaction, messages
-    from fermix.storage.messages import ConversationKey, NewMessage
+    from fermix.model import ConversationKey, NewMessage
     conn = open_database(sys.argv[1])
     key = ConversationKey("agent", "proc", sys.argv[2])
     for i in range(int(sys.argv[3])):

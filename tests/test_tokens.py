@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pytest
 import tiktoken
 from hypothesis import given
 from hypothesis import strategies as st
+from packaging.requirements import Requirement
 
 import fermix.tokens
 from fermix.errors import InvalidInputError
@@ -330,3 +334,52 @@ def test_the_offline_sources_are_the_ones_tiktoken_would_fetch(
     for name, (url, sha256) in fermix.tokens._SOURCES.items():
         assert f'"{url}"' in source and f'"{sha256}"' in source, name
         assert (cache_dir / hashlib.sha1(url.encode()).hexdigest()).is_file(), name
+
+
+# --- the litellm wheel layout fermix relies on (pinned in pyproject.toml) ---
+
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def runtime_requirement(name: str) -> Requirement:
+    """The requirement on ``name`` in pyproject.toml's runtime dependencies."""
+    with PYPROJECT.open("rb") as fh:
+        dependencies = tomllib.load(fh)["project"]["dependencies"]
+    (found,) = (r for r in map(Requirement, dependencies) if r.name == name)
+    return found
+
+
+def test_the_installed_litellm_ships_both_encodings_where_the_lookup_looks() -> None:
+    folder = fermix.tokens.litellm_tokenizer_dir()
+    assert folder is not None, (
+        f"no tokenizers folder in the installed litellm under any of "
+        f"{[str(p) for p in fermix.tokens.LITELLM_TOKENIZER_DIRS]}: its wheel layout moved"
+    )
+    for name, (url, sha256) in fermix.tokens._SOURCES.items():
+        cached = folder / hashlib.sha1(url.encode()).hexdigest()
+        assert cached.is_file(), f"{name}: {cached} is missing"
+        assert hashlib.sha256(cached.read_bytes()).hexdigest() == sha256, name
+
+
+def test_the_installed_litellm_satisfies_the_capped_pin_in_pyproject() -> None:
+    pin = runtime_requirement("litellm")
+    assert any(s.operator in ("<", "<=", "~=", "==") for s in pin.specifier), f"{pin}: no cap"
+    installed = importlib.metadata.version("litellm")
+    assert pin.specifier.contains(installed, prereleases=True), (installed, str(pin))
+
+
+def test_a_litellm_with_the_older_llms_tokenizers_layout_is_found_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "llms" / "tokenizers").mkdir(parents=True)
+    spec = ModuleSpec("litellm", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert fermix.tokens.litellm_tokenizer_dir() == tmp_path / "llms" / "tokenizers"
+    (tmp_path / "litellm_core_utils" / "tokenizers").mkdir(parents=True)
+    assert fermix.tokens.litellm_tokenizer_dir() == tmp_path / "litellm_core_utils" / "tokenizers"
+
+
+def test_a_missing_litellm_leaves_the_tiktoken_cache_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert fermix.tokens.litellm_tokenizer_dir() is None

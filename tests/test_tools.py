@@ -10,8 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fermix import model
 from fermix.api import Conversation, Memory
-from fermix.memory import categories, prompt_files
+from fermix.core import categories
+from fermix.runtime import prompt_files
 from fermix.storage import jobs, memories
 from fermix.tools import SCHEMAS, JobCaller
 
@@ -207,7 +209,7 @@ def test_sc3_recall_never_returns_a_row_outside_the_callers_scopes(
                 c,
                 agent_id=a,
                 owner_id=o,
-                scope=memories.Scope(t, s),
+                scope=model.Scope(t, s),
                 category="context",
                 key=k,
                 value=f"fact {k}",

@@ -12,9 +12,9 @@ from model_server import ModelServer
 from fermix import Memory
 from fermix.config import Config, MemoryConfig, ModelConfig, RealtimeConfig
 from fermix.errors import InvalidInputError
+from fermix.model import ConversationKey, Message
 from fermix.storage import messages, open_database
 from fermix.storage.connection import fetch_value
-from fermix.storage.messages import ConversationKey, Message
 
 KITCHEN = ConversationKey("agent", "realtime", "kitchen")
 

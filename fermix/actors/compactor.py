@@ -20,11 +20,11 @@ from fermix import llm
 from fermix.actors.base import SupervisedActor
 from fermix.clock import now_ms
 from fermix.config import Config
+from fermix.core import compaction
 from fermix.errors import FermixError, ModelError
-from fermix.memory import compaction
+from fermix.model import ConversationKey, Message, NewMessage
 from fermix.storage import conversations, messages
 from fermix.storage.committer import Committer
-from fermix.storage.messages import ConversationKey, Message, NewMessage
 from fermix.storage.pool import ReaderPool
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,9 @@ import apsw
 
 from fermix.actors.base import SupervisedActor
 from fermix.errors import InvalidInputError, WriteFailedError
+from fermix.model import ConversationKey, ConversationState, Message, NewMessage
 from fermix.storage import conversations, messages
 from fermix.storage.committer import Committer
-from fermix.storage.conversations import ConversationState
-from fermix.storage.messages import ConversationKey, Message, NewMessage
 from fermix.storage.pool import ReaderPool
 
 log = logging.getLogger(__name__)

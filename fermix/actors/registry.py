@@ -25,7 +25,7 @@ from typing import Any
 import pykka
 
 from fermix.errors import ActorUnavailableError, NotFoundError
-from fermix.storage.messages import ConversationKey
+from fermix.model import ConversationKey
 from fermix.supervisor import ChildSpec, Restart, Supervisor
 
 log = logging.getLogger(__name__)

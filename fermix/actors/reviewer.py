@@ -16,10 +16,12 @@ from typing import Any, NamedTuple
 
 import apsw
 
-from fermix import llm
+from fermix import llm, model
 from fermix.actors.base import SupervisedActor
 from fermix.clock import now_ms
-from fermix.config import Config, Home
+from fermix.config import Config
+from fermix.core import categories, review
+from fermix.core.review import Operation, Skip
 from fermix.errors import (
     FermixError,
     ModelError,
@@ -27,13 +29,12 @@ from fermix.errors import (
     StorageError,
     UnsafePathSegmentError,
 )
-from fermix.memory import categories, prompt_files, repair, review
-from fermix.memory.review import Operation, Skip
+from fermix.home import Home
+from fermix.model import ConversationKey, MemoryRow, Provenance
+from fermix.runtime import prompt_files, repair
 from fermix.storage import conversations, jobs, memories, messages
 from fermix.storage.committer import Committer
 from fermix.storage.connection import connect
-from fermix.storage.memories import MemoryRow, Provenance
-from fermix.storage.messages import ConversationKey
 from fermix.storage.pool import ReaderPool
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class ReviewResult:
         }
 
 
-def shown_rows(conn: apsw.Connection, state: conversations.ConversationState) -> list[MemoryRow]:
+def shown_rows(conn: apsw.Connection, state: model.ConversationState) -> list[MemoryRow]:
     """The rows a review of this conversation may see and touch (E3, SC3).
 
     The owner's profile rows, and the agent's working-knowledge rows this conversation may
@@ -165,7 +166,7 @@ def review_conversation(
 def _claimed_review(
     ctx: ReviewContext,
     key: ConversationKey,
-    state: conversations.ConversationState,
+    state: model.ConversationState,
     newest: int,
     token: str,
 ) -> ReviewResult:
@@ -273,7 +274,7 @@ def repair_stale_files(ctx: ReviewContext, *, every_agent: bool = False) -> None
 
 def _apply(
     conn: apsw.Connection,
-    state: conversations.ConversationState,
+    state: model.ConversationState,
     operations: tuple[Operation, ...],
     source_message: int,
 ) -> list[MemoryRow]:
@@ -310,7 +311,7 @@ def _apply(
                     category=op.category,
                     key=op.key,
                     value=op.value,
-                    promote_target=categories.TARGET_OF[op.category],
+                    promote_target=model.TARGET_OF[op.category],
                     provenance=provenance,
                 )
             )
@@ -321,7 +322,7 @@ def _apply(
         if op.op == "replace":
             assert op.value is not None
             category = op.category or before.category
-            if categories.TARGET_OF[category] != categories.TARGET_OF[before.category]:
+            if model.TARGET_OF[category] != model.TARGET_OF[before.category]:
                 # Moving a row between files would change its scope: archive and add instead.
                 written.append(memories.archive(conn, op.id, by=review.REVIEWER, reason="moved"))
                 scope, row_owner = categories.reviewer_scope(
@@ -336,7 +337,7 @@ def _apply(
                         category=category,
                         key=op.key or before.key,
                         value=op.value,
-                        promote_target=categories.TARGET_OF[category],
+                        promote_target=model.TARGET_OF[category],
                         provenance=provenance,
                     )
                 )

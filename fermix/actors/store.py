@@ -15,10 +15,10 @@ from typing import Any, NamedTuple
 import apsw
 
 from fermix.actors.base import SupervisedActor
+from fermix.model import MemoryRow
 from fermix.storage import memories
 from fermix.storage.committer import Committer
 from fermix.storage.connection import connect
-from fermix.storage.memories import MemoryRow
 
 
 class GetRow(NamedTuple):

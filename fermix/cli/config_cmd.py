@@ -3,37 +3,35 @@
 Keys are dotted (``fermix_core.memory.review_interval_hours``). A value on the command line
 is read as a TOML literal (``24``, ``true``, ``["a", "b"]``), else as text, and checked
 exactly as loading the file checks it; a bad value or an unknown key exits 2 naming the
-key, and the file is not touched. The file is edited in place with tomlkit, so the
-comments and layout of a hand-edited file survive, and it is replaced atomically.
+key, and the file is not touched. The file is edited in place
+(:mod:`fermix.cli.config_file`), so the comments and layout of a hand-edited file
+survive, and it is replaced atomically.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
-import tomlkit
+from tomlkit import TOMLDocument
 
-from fermix.cli.context import CommandContext
-from fermix.cli.output import console, print_json, table
-from fermix.config import (
-    KEYS,
-    Config,
+from fermix.cli.config_file import (
     check_document,
     defaults_toml,
     document_values,
-    load_config,
-    parse_value,
+    parse_document,
     read_document,
     set_document_value,
+    toml_literal,
     unset_document_value,
-    validate_key,
+    write_document,
 )
+from fermix.cli.context import CommandContext
+from fermix.cli.output import console, print_json, table
+from fermix.config import KEYS, Config, load_config, parse_value, validate_key
 from fermix.errors import ConfigError, InvalidInputError
 
 API_KEY_ENV = "fermix_core.model.api_key_env"
@@ -122,28 +120,6 @@ def checked_value(dotted: str, value: object) -> object:
     return held
 
 
-def toml_literal(value: object) -> str:
-    """``value`` as it would be written in config.toml (``true``, ``24.0``, ``["a"]``)."""
-    return str(tomlkit.item(list(value) if isinstance(value, tuple) else value).as_string())
-
-
-def write_document(path: Path, document: tomlkit.TOMLDocument) -> None:
-    """Replace ``path`` with ``document`` atomically (temp, fsync, rename), keeping its mode.
-
-    A new file gets the mode the umask gives (the temporary file would be 0600).
-    """
-    from fermix.memory.prompt_files import write_atomic
-
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    write_atomic(path, document.as_string())
-    os.chmod(path, mode)
-
-
 def effective(config: Config, dotted: str) -> object:
     """The value ``config`` holds for ``dotted`` (the default when the file does not set it)."""
     _, section, name = dotted.split(".")
@@ -223,7 +199,7 @@ def cmd_set(ctx: CommandContext, args: argparse.Namespace) -> int:
         document = read_document(path)
         set_document_value(document, args.key, value)
     else:  # a new file lists every key, this one uncommented in its place
-        document = tomlkit.parse(defaults_toml({args.key: value}))
+        document = parse_document(defaults_toml({args.key: value}))
     write_document(path, document)
     console().print(f"{args.key} = {toml_literal(value)}  ({path})", markup=False)
     return _still_loads(document, path)
@@ -243,7 +219,7 @@ def cmd_unset(ctx: CommandContext, args: argparse.Namespace) -> int:
     return _still_loads(document, path)
 
 
-def _still_loads(document: tomlkit.TOMLDocument, path: Path) -> int:
+def _still_loads(document: TOMLDocument, path: Path) -> int:
     """Exit 1, saying why, when another key of the written file still does not load."""
     try:
         check_document(document, str(path))

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import apsw
 
-from fermix.config import Home
+from fermix.home import Home
 from fermix.storage import open_database
 
 

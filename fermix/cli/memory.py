@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from fermix import model
 from fermix.cli import review
 from fermix.cli.context import CommandContext
 from fermix.cli.output import clip, console, print_json, table, when
+from fermix.core import categories
+from fermix.core.render import file_spec
 from fermix.errors import InvalidInputError
-from fermix.memory import categories, prompt_files
-from fermix.memory.render import file_spec
+from fermix.model import MemoryRow, Scope
+from fermix.runtime import prompt_files
 from fermix.storage import memories, transaction
-from fermix.storage.memories import MemoryRow, Scope
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             metavar="TYPE[:ID]",
             help="only rows of this scope type (owner, agent, conversation, job), or one scope",
         )
-        p.add_argument("--category", choices=memories.CATEGORIES, help="only this category")
+        p.add_argument("--category", choices=model.CATEGORIES, help="only this category")
         p.add_argument(
             "--archived",
             action="store_true",
@@ -62,9 +64,9 @@ def _scope_filter(text: str | None) -> tuple[str | None, list[Scope] | None]:
     if text is None:
         return None, None
     kind, _, scope_id = text.partition(":")
-    if kind not in memories.SCOPE_TYPES:
+    if kind not in model.SCOPE_TYPES:
         raise InvalidInputError(
-            f"--scope must start with one of {', '.join(memories.SCOPE_TYPES)}, not {kind!r}"
+            f"--scope must start with one of {', '.join(model.SCOPE_TYPES)}, not {kind!r}"
         )
     return (kind, None) if not scope_id else (None, [Scope(kind, scope_id)])
 

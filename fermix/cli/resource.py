@@ -6,13 +6,14 @@ import argparse
 import difflib
 import sys
 
+from fermix import model
 from fermix.cli.context import CommandContext
 from fermix.cli.output import console, print_json, table, when
+from fermix.core.render import file_spec
 from fermix.errors import InvalidInputError
-from fermix.memory import prompt_files
-from fermix.memory.render import file_spec
+from fermix.model import Revision
+from fermix.runtime import prompt_files
 from fermix.storage import resources
-from fermix.storage.resources import Revision
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.add_argument("--json", action="store_true", help="print JSON")
 
     def name(p: argparse.ArgumentParser) -> None:
-        p.add_argument("name", choices=resources.RESOURCE_NAMES, help="user_md or memory_md")
+        p.add_argument("name", choices=model.RESOURCE_NAMES, help="user_md or memory_md")
 
     p = cmds.add_parser("list", help="list prompt-file resources and their current revisions")
     target(p, every=True)

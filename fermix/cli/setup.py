@@ -20,25 +20,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import tomlkit
 from rich.console import Console
 from rich.markup import escape
+from tomlkit import TOMLDocument
 
-from fermix.cli.config_cmd import checked_value, usage_error, write_document
-from fermix.cli.context import CommandContext
-from fermix.cli.output import console
-from fermix.config import (
-    KEYS,
-    Config,
+from fermix.cli.config_cmd import checked_value, usage_error
+from fermix.cli.config_file import (
     check_document,
     defaults_toml,
     document_values,
-    load_config,
-    parse_value,
+    parse_document,
     read_document,
     set_document_value,
     unset_document_value,
+    write_document,
 )
+from fermix.cli.context import CommandContext
+from fermix.cli.output import console
+from fermix.config import KEYS, Config, load_config, parse_value
 from fermix.errors import ConfigError, FermixError, InvalidInputError
 
 CLEAR = "-"
@@ -269,7 +268,7 @@ def _same(key: str, a: object, b: object) -> bool:
     return rule.convert(a) == rule.convert(b)
 
 
-def update_document(document: tomlkit.TOMLDocument, answers: Answers) -> None:
+def update_document(document: TOMLDocument, answers: Answers) -> None:
     """Bring ``document`` to ``answers``, changing only the keys whose value changes."""
     in_file = document_values(document)
     for key, value in answers.items():
@@ -283,7 +282,7 @@ def update_document(document: tomlkit.TOMLDocument, answers: Answers) -> None:
             set_document_value(document, key, value)
 
 
-def render(path_exists: bool, document: tomlkit.TOMLDocument, answers: Answers) -> str:
+def render(path_exists: bool, document: TOMLDocument, answers: Answers) -> str:
     """The text config.toml will hold: an edit of the file, or a fresh commented template."""
     if path_exists:
         update_document(document, answers)
@@ -341,7 +340,7 @@ def cmd_setup(ctx: CommandContext, args: argparse.Namespace) -> int:
     if path.exists() and text == before:
         out.print(f"{path} already holds these values; nothing to write", markup=False)
         return 0
-    result = tomlkit.parse(text)
+    result = parse_document(text)
     try:
         check_document(result, str(path))
     except ConfigError as exc:

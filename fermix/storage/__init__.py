@@ -1,8 +1,12 @@
-"""SQLite storage: the source of truth (S1-S8).
+"""SQLite storage: the source of truth (S1-S8), behind one port.
 
-One module per table family; each takes an open ``apsw.Connection`` and does one thing.
+The layers above use :class:`Database` and its sessions (:mod:`fermix.storage.session`)
+only: read units on pooled read connections, write units through one group-commit writer.
+One module per table family writes the SQL; each takes an open connection.
 """
 
 from fermix.storage.connection import connect, open_database, transaction
+from fermix.storage.database import Database
+from fermix.storage.session import Reads, Writes
 
-__all__ = ["connect", "open_database", "transaction"]
+__all__ = ["Database", "Reads", "Writes", "connect", "open_database", "transaction"]

@@ -7,18 +7,15 @@ the gates of the reviewer (E2) and the compactor (K3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError
+from fermix.model import ConversationKey, ConversationState, Message, check_trust
 from fermix.storage import messages
 from fermix.storage.connection import fetch_rows, fetch_value
-from fermix.storage.messages import ConversationKey, Message
-
-TRUST_LEVELS = ("operator", "guest")
 
 _COLUMNS = (
     "agent_id",
@@ -41,41 +38,6 @@ _COLUMNS = (
 )
 _SELECT = ", ".join(_COLUMNS)
 _WHERE_KEY = "agent_id = ? AND channel = ? AND chat_id = ? AND thread_scope = ?"
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationState:
-    """The stored state of one conversation."""
-
-    agent_id: str
-    channel: str
-    chat_id: str
-    thread_scope: str
-    owner_id: str
-    trust: str
-    window_after_id: int
-    checkpoint_message_id: int | None
-    last_reviewed_at: int | None
-    last_reviewed_message_id: int
-    review_failed_at: int | None
-    review_claim_token: str | None
-    review_claim_expires_at: int | None
-    peak_prompt_tokens: int | None
-    compaction_failed_at: int | None
-    created_at: int
-    updated_at: int
-
-    @property
-    def key(self) -> ConversationKey:
-        """The conversation's key."""
-        return ConversationKey(self.agent_id, self.channel, self.chat_id, self.thread_scope)
-
-
-def check_trust(trust: object) -> str:
-    """Accept ``operator`` or ``guest``."""
-    if trust not in TRUST_LEVELS:
-        raise InvalidInputError(f"trust must be one of {TRUST_LEVELS}, not {trust!r}")
-    return str(trust)
 
 
 def get(conn: apsw.Connection, key: ConversationKey) -> ConversationState | None:
@@ -101,7 +63,7 @@ def touch(conn: apsw.Connection, key: ConversationKey, *, owner_id: str, trust: 
     )
 
 
-def update(conn: apsw.Connection, key: ConversationKey, **fields: Any) -> None:
+def update(conn: apsw.Connection, /, key: ConversationKey, **fields: Any) -> None:
     """Set some columns of an existing conversation row (caller's transaction)."""
     unknown = set(fields) - set(_COLUMNS[4:])
     if unknown:

@@ -6,7 +6,6 @@ source's id as scope id, so a run sees only its own memories (T2).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import apsw
@@ -14,58 +13,8 @@ import apsw
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
+from fermix.model import RUN_STATUSES, SOURCE_TYPES, JobRun, MemorySource, ScheduledJob
 from fermix.storage.connection import fetch_rows
-
-SOURCE_TYPES = ("conversation", "job", "realtime", "operator")
-RUN_STATUSES = ("running", "succeeded", "failed")
-
-
-@dataclass(frozen=True, slots=True)
-class MemorySource:
-    """A named origin of memory rows (a conversation, a scheduled job, a device)."""
-
-    id: int
-    agent_id: str
-    owner_id: str
-    source_type: str
-    name: str
-    description: str
-    created_at: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {f: getattr(self, f) for f in self.__slots__}
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledJob:
-    """A job the host runs on a schedule, with its own memory source."""
-
-    id: int
-    agent_id: str
-    owner_id: str
-    name: str
-    schedule: str
-    prompt: str
-    memory_source_id: int
-    enabled: bool
-    next_run_at: int | None
-    created_at: int
-    updated_at: int
-
-
-@dataclass(frozen=True, slots=True)
-class JobRun:
-    """One run of a scheduled job."""
-
-    id: int
-    job_id: int
-    status: str
-    output: str
-    error: str | None
-    started_at: int
-    finished_at: int | None
-
 
 _SOURCE_COLS = "id, agent_id, owner_id, source_type, name, description, created_at"
 _JOB_COLS = (

@@ -8,7 +8,6 @@ entitled to (SC3): the scope filter is part of every query, not applied afterwar
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import apsw
@@ -16,12 +15,10 @@ import apsw
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
+from fermix.model import PROMOTE_TARGETS, MemoryRow, Provenance, Scope, check_category
 from fermix.storage import fts
 from fermix.storage.connection import fetch_rows, fetch_value
 
-SCOPE_TYPES = ("owner", "agent", "conversation", "job")
-CATEGORIES = ("identity", "preference", "interest", "goal", "context", "directive")
-PROMOTE_TARGETS = ("user_md", "memory_md")
 MAX_KEY_CHARS = 200
 MAX_VALUE_CHARS = 10_000
 
@@ -50,81 +47,6 @@ _COLUMNS = (
     "updated_at",
 )
 _SELECT = ", ".join(_COLUMNS)
-
-
-@dataclass(frozen=True, slots=True)
-class Scope:
-    """A scope a row lives in: ``owner``, ``agent``, ``conversation`` or ``job`` and its id."""
-
-    type: str
-    id: str
-
-    def __post_init__(self) -> None:
-        if self.type not in SCOPE_TYPES:
-            raise InvalidInputError(f"scope type must be one of {SCOPE_TYPES}, not {self.type!r}")
-        validate.identifier("scope_id", self.id)
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryRow:
-    """One stored memory row, every column of the seed."""
-
-    id: int
-    agent_id: str
-    owner_id: str
-    scope_type: str
-    scope_id: str
-    category: str
-    key: str
-    value: str
-    confidence: float
-    promote_target: str | None
-    source_id: int | None
-    source_type: str | None
-    source_name: str | None
-    source_description: str | None
-    session_id: str | None
-    run_id: int | None
-    source_message_id: int | None
-    archived_at: int | None
-    archived_by: str | None
-    archive_reason: str | None
-    created_at: int
-    updated_at: int
-
-    @property
-    def scope(self) -> Scope:
-        """The row's scope."""
-        return Scope(self.scope_type, self.scope_id)
-
-    @property
-    def archived(self) -> bool:
-        """Whether the row is archived."""
-        return self.archived_at is not None
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every column as a JSON-ready dict."""
-        return {name: getattr(self, name) for name in _COLUMNS}
-
-
-@dataclass(frozen=True, slots=True)
-class Provenance:
-    """Where a row came from: the source columns of the seed."""
-
-    source_id: int | None = None
-    source_type: str | None = None
-    source_name: str | None = None
-    source_description: str | None = None
-    session_id: str | None = None
-    run_id: int | None = None
-    source_message_id: int | None = None
-
-
-def check_category(category: object) -> str:
-    """Accept one of the six categories (C1)."""
-    if category not in CATEGORIES:
-        raise InvalidInputError(f"category must be one of {CATEGORIES}, not {category!r}")
-    return str(category)
 
 
 def _row(values: Sequence[Any]) -> MemoryRow:
@@ -430,3 +352,23 @@ def restore(conn: apsw.Connection, memory_id: int, *, now: int | None = None) ->
 def change_counter(conn: apsw.Connection) -> int:
     """A number that changes whenever any memory row is written, by any process (A3)."""
     return int(fetch_value(conn, "SELECT counter FROM memory_changes WHERE id = 1"))
+
+
+def agents(conn: apsw.Connection) -> list[str]:
+    """Every agent with memory rows or prompt-file resources, sorted."""
+    sql = "SELECT agent_id FROM memories UNION SELECT agent_id FROM resources ORDER BY 1"
+    return [str(agent) for (agent,) in fetch_rows(conn, sql)]
+
+
+def owners(conn: apsw.Connection, agent_id: str) -> list[str]:
+    """Every owner of ``agent_id`` with memory rows or prompt-file resources, ``""`` first."""
+    found = {
+        str(owner)
+        for (owner,) in fetch_rows(
+            conn,
+            "SELECT owner_id FROM memories WHERE agent_id = ?"
+            " UNION SELECT owner_id FROM resources WHERE agent_id = ?",
+            (agent_id, agent_id),
+        )
+    }
+    return ["", *sorted(found - {""})]

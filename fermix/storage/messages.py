@@ -3,114 +3,19 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import apsw
 
-from fermix import validate
 from fermix.clock import now_ms
-from fermix.errors import InvalidInputError
+from fermix.model import ConversationKey, Message, NewMessage, SearchHit
 from fermix.storage import fts
 from fermix.storage.connection import fetch_value
 
-ROLES = frozenset({"user", "assistant", "system", "tool"})
-MAX_CONTENT_CHARS = 1_000_000
-MAX_METADATA_CHARS = 100_000
 _COLUMNS = (
     "id, agent_id, owner_id, channel, chat_id, thread_scope, sender, role, kind, content, "
     "metadata_json, created_at"
 )
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class ConversationKey:
-    """Identifies one conversation: ``{agent_id, channel, chat_id, thread_scope}`` (A1)."""
-
-    agent_id: str
-    channel: str
-    chat_id: str
-    thread_scope: str = ""
-
-    def __post_init__(self) -> None:
-        validate.identifier("agent_id", self.agent_id)
-        validate.identifier("channel", self.channel)
-        validate.identifier("chat_id", self.chat_id)
-        validate.identifier("thread_scope", self.thread_scope, allow_empty=True)
-
-    @property
-    def scope_id(self) -> str:
-        """The conversation scope id (SC1), unambiguous however the parts are spelled."""
-        parts = [self.channel, self.chat_id] + ([self.thread_scope] if self.thread_scope else [])
-        return ":".join(quote(part, safe="") for part in parts)
-
-    def as_tuple(self) -> tuple[str, str, str, str]:
-        """The key as the four column values, in index order."""
-        return (self.agent_id, self.channel, self.chat_id, self.thread_scope)
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One stored message."""
-
-    id: int
-    agent_id: str
-    owner_id: str
-    channel: str
-    chat_id: str
-    thread_scope: str
-    sender: str
-    role: str
-    kind: str
-    content: str
-    metadata_json: str
-    created_at: int
-
-    @property
-    def key(self) -> ConversationKey:
-        """The conversation this message belongs to."""
-        return ConversationKey(self.agent_id, self.channel, self.chat_id, self.thread_scope)
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """The metadata as a dict."""
-        value: dict[str, Any] = json.loads(self.metadata_json)
-        return value
-
-
-@dataclass(frozen=True, slots=True)
-class NewMessage:
-    """A message to be inserted; validated on construction so a bad one changes nothing."""
-
-    key: ConversationKey
-    role: str
-    content: str
-    owner_id: str = ""
-    sender: str = ""
-    kind: str = "chat"
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.role not in ROLES:
-            raise InvalidInputError(f"role must be one of {sorted(ROLES)}, not {self.role!r}")
-        validate.text("content", self.content, max_chars=MAX_CONTENT_CHARS)
-        validate.identifier("owner_id", self.owner_id, allow_empty=True)
-        validate.identifier("sender", self.sender, allow_empty=True)
-        validate.identifier("kind", self.kind)
-        if not isinstance(self.metadata, dict):
-            raise InvalidInputError("metadata must be a dict")
-
-    def metadata_json(self) -> str:
-        """The metadata serialised, refusing values JSON cannot hold."""
-        if not self.metadata:
-            return "{}"
-        try:
-            encoded = json.dumps(self.metadata, ensure_ascii=False, sort_keys=True)
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise InvalidInputError(f"metadata is not JSON-serialisable: {exc}") from None
-        validate.text("metadata", encoded, max_chars=MAX_METADATA_CHARS)
-        return encoded
 
 
 def _row(values: tuple[Any, ...]) -> Message:
@@ -188,14 +93,6 @@ def count(conn: apsw.Connection, key: ConversationKey, *, after_id: int = 0) -> 
             (*key.as_tuple(), after_id),
         )
     )
-
-
-@dataclass(frozen=True, slots=True)
-class SearchHit:
-    """A message found by full-text search, with its bm25 rank (lower is better)."""
-
-    message: Message
-    rank: float
 
 
 def search(

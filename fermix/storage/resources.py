@@ -3,64 +3,16 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 import apsw
 
 from fermix import validate
 from fermix.clock import now_ms
-from fermix.errors import InvalidInputError, NotFoundError
+from fermix.errors import NotFoundError
+from fermix.model import Resource, Revision
+from fermix.model import check_resource_name as check_name
 from fermix.storage.connection import fetch_rows, fetch_value
-
-RESOURCE_NAMES = ("user_md", "memory_md")
-
-
-@dataclass(frozen=True, slots=True)
-class Resource:
-    """A versioned prompt file of one agent and owner, and its current revision (0: none)."""
-
-    id: int
-    agent_id: str
-    owner_id: str
-    name: str
-    current_revision: int
-    updated_at: int
-
-
-@dataclass(frozen=True, slots=True)
-class Revision:
-    """One recorded revision of a resource."""
-
-    resource_id: int
-    agent_id: str
-    owner_id: str
-    name: str
-    revision: int
-    content: str
-    content_sha1: str
-    reason: str
-    created_at: int
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of the revision."""
-        return {
-            "agent_id": self.agent_id,
-            "owner_id": self.owner_id,
-            "name": self.name,
-            "revision": self.revision,
-            "content": self.content,
-            "content_sha1": self.content_sha1,
-            "reason": self.reason,
-            "created_at": self.created_at,
-        }
-
-
-def check_name(name: object) -> str:
-    """Accept a resource name (``user_md`` or ``memory_md``)."""
-    if name not in RESOURCE_NAMES:
-        raise InvalidInputError(f"resource name must be one of {RESOURCE_NAMES}, not {name!r}")
-    return str(name)
 
 
 def sha1(content: str) -> str:

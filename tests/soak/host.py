@@ -37,10 +37,10 @@ from fermix import llm
 from fermix.actors.reviewer import review_conversation
 from fermix.api import Conversation, Memory
 from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
+from fermix.core import categories
 from fermix.errors import ModelError
-from fermix.memory import categories
+from fermix.model import MemoryRow
 from fermix.storage import conversations, memories
-from fermix.storage.memories import MemoryRow
 from fermix.tokens import count_tokens
 
 AGENT = "soak"

@@ -25,10 +25,10 @@ from typing import Any
 
 from fermix.api import Memory
 from fermix.config import Config, MemoryConfig, ModelConfig
+from fermix.core import categories
 from fermix.errors import FermixError
-from fermix.memory import categories
+from fermix.model import MemoryRow
 from fermix.storage import memories
-from fermix.storage.memories import MemoryRow
 
 AGENT = "twin"
 

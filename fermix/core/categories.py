@@ -15,26 +15,23 @@ one owner only when every rule here allows it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Final
 
 from fermix.errors import AccessDeniedError, InvalidInputError
-from fermix.storage.conversations import check_trust
-from fermix.storage.memories import CATEGORIES, MemoryRow, Scope, check_category
-from fermix.storage.messages import ConversationKey
-
-USER_MD: Final = "user_md"
-MEMORY_MD: Final = "memory_md"
-USER_CATEGORIES: Final = ("identity", "preference", "interest", "goal")
-MEMORY_CATEGORIES: Final = ("context", "directive")
-OPERATOR_ONLY: Final = frozenset({"directive"})
-
-TARGET_OF: Final[Mapping[str, str]] = MappingProxyType(
-    {**dict.fromkeys(USER_CATEGORIES, USER_MD), **dict.fromkeys(MEMORY_CATEGORIES, MEMORY_MD)}
+from fermix.model import (
+    MEMORY_CATEGORIES,
+    TARGET_OF,
+    USER_CATEGORIES,
+    USER_MD,
+    ConversationKey,
+    MemoryRow,
+    Scope,
+    check_category,
+    check_trust,
 )
-"""The prompt file each category renders into (C1)."""
+
+OPERATOR_ONLY: Final = frozenset({"directive"})
 
 DEFAULT_OWNER_SCOPE_ID: Final = "_default"
 """The owner scope id of the single-user default owner ``""``.
@@ -43,8 +40,6 @@ A scope id cannot be empty, so the default owner's profile lives at ``owner:_def
 Rows are told apart by their ``owner_id`` column as well, so a real owner who happens to be
 called ``_default`` never sees the default owner's rows, nor the other way round.
 """
-
-assert set(TARGET_OF) == set(CATEGORIES)
 
 
 def may_write(category: str, trust: str) -> bool:

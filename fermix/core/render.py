@@ -27,8 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
-from fermix.memory.categories import MEMORY_MD, USER_MD, renders
-from fermix.storage.memories import MemoryRow
+from fermix.core.categories import renders
+from fermix.model import MEMORY_MD, USER_MD, MemoryRow
 from fermix.tokens import count_tokens
 
 MAX_VALUE_CHARS: Final = 200

@@ -2,7 +2,7 @@
 
 A host killed between the commit of memory rows and the rebuild of their prompt files, or a
 rebuild that failed on a disk fault, leaves USER.md and MEMORY.md (and their current
-revisions) behind the rows; one killed inside :func:`~fermix.memory.prompt_files.write_atomic`
+revisions) behind the rows; one killed inside :func:`~fermix.runtime.prompt_files.write_atomic`
 leaves its temporary file. ``Memory.start`` calls :func:`repair` and
 :func:`remove_orphan_temp_files` before serving, and the reviewer calls :func:`repair` on
 its next run after a rebuild of its own failed.
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import apsw
 
-from fermix.config import Home
+from fermix.core import render
+from fermix.core.render import FILES
 from fermix.errors import UnsafePathSegmentError, WriteFailedError
-from fermix.memory import prompt_files, render
-from fermix.memory.render import FILES
+from fermix.home import Home
+from fermix.runtime import prompt_files
 from fermix.storage import resources
 from fermix.storage.connection import fetch_rows
 

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from fermix.config import Home
-from fermix.memory import prompt_files
-from fermix.memory.render import FILES, escape_markup, strip_invisible
-from fermix.storage.messages import Message
+from fermix.core.render import FILES, escape_markup, strip_invisible
+from fermix.home import Home
+from fermix.model import Message
+from fermix.runtime import prompt_files
 
 FENCE_OPEN: Final = "<memory-context>"
 FENCE_CLOSE: Final = "</memory-context>"

@@ -7,7 +7,7 @@ replaced inside one write transaction, from rows that are known to be current un
 transaction's lock, so two processes rebuilding at once cannot leave a file or a revision
 behind the rows. A fault that can pass is retried; one that persists is a
 :class:`~fermix.errors.WriteFailedError`, and the files are left for
-:func:`fermix.memory.repair.repair`.
+:func:`fermix.runtime.repair.repair`.
 
 Layout: ``memory/<agent_id>/USER.md`` and ``MEMORY.md`` for the single-user default owner
 ``""``; ``memory/<agent_id>/owners/<owner_id>/...`` for every other owner, so one user's
@@ -27,15 +27,14 @@ from pathlib import Path
 
 import apsw
 
-from fermix import validate
-from fermix.config import Home
+from fermix import model, validate
+from fermix.core import categories, render
+from fermix.core.render import FILES, FileSpec, file_spec
 from fermix.errors import UnsafePathSegmentError, WriteFailedError
-from fermix.memory import categories, render
-from fermix.memory.render import FILES, FileSpec, file_spec
+from fermix.home import Home
+from fermix.model import MemoryRow, Revision
 from fermix.storage import memories, resources, transaction
 from fermix.storage.connection import fetch_rows
-from fermix.storage.memories import MemoryRow
-from fermix.storage.resources import Revision
 from fermix.storage.retry import retrying
 
 OWNERS_DIR = "owners"
@@ -119,7 +118,8 @@ def paths(home: Home, agent_id: str, owner_id: str = "") -> tuple[Path, Path]:
 
 def file_path(home: Home, agent_id: str, name: str, owner_id: str = "") -> Path:
     """The path of resource ``name`` (``user_md`` or ``memory_md``)."""
-    return prompt_dir(home, agent_id, owner_id) / file_spec(resources.check_name(name)).filename
+    spec = file_spec(model.check_resource_name(name))
+    return prompt_dir(home, agent_id, owner_id) / spec.filename
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -172,7 +172,7 @@ def read_files(home: Home, agent_id: str, owner_id: str = "") -> tuple[str, str]
 def load_rows(conn: apsw.Connection, agent_id: str, owner_id: str = "") -> list[MemoryRow]:
     """The rows that may render for ``agent_id`` and ``owner_id``: each section's newest.
 
-    Each :func:`~fermix.memory.categories.render_queries` filter is read with its section's
+    Each :func:`~fermix.core.categories.render_queries` filter is read with its section's
     cap as the limit; when rows that show nothing (no ``promote_target``, or a value of
     invisible characters only) crowd the first page, the limit grows until the section is
     full or the rows run out.
@@ -344,7 +344,7 @@ def rollback(
     next rebuild from unchanged rows writes the rendered content again.
     """
     folder = prompt_dir(home, agent_id, owner_id)
-    spec = file_spec(resources.check_name(name))
+    spec = file_spec(model.check_resource_name(name))
     with transaction(conn):
         old = resources.get_revision(conn, agent_id, spec.name, revision, owner_id=owner_id)
         return _apply(

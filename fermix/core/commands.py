@@ -10,6 +10,7 @@ and is left to the host.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 COMMANDS = {
@@ -52,6 +53,14 @@ def refusal(command: Command) -> str:
     return f"Only the operator can use /{command.name}. Nothing was changed."
 
 
-def help_text() -> str:
-    """One line per command."""
-    return "\n".join(f"/{name} - {doc}" for name, doc in COMMANDS.items())
+def help_text(host_commands: Mapping[str, str] | None = None) -> str:
+    """One line per command, names and descriptions in two aligned columns.
+
+    fermix's own commands come first, then ``host_commands`` (name without the slash to
+    description): the commands the host handles itself, such as ``fermix chat``'s
+    ``/memory``, ``/review``, ``/help`` and ``/quit``. A host passes its commands here, so
+    one text lists everything a user can type.
+    """
+    listed = {**COMMANDS, **(host_commands or {})}
+    width = max(len(name) for name in listed) + 1
+    return "\n".join(f"/{name:<{width}} {doc}" for name, doc in listed.items())

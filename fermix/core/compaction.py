@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from fermix.storage.messages import Message
+from fermix.model import Message
 from fermix.tokens import count_tokens, encoding_name_for, truncate_to_tokens
 
 _counts: OrderedDict[tuple[int, int, int, str], int] = OrderedDict()

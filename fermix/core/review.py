@@ -30,11 +30,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from fermix.core import categories
 from fermix.errors import ReviewOutputError
-from fermix.memory import categories
-from fermix.storage.conversations import ConversationState
-from fermix.storage.memories import CATEGORIES, MemoryRow
-from fermix.storage.messages import Message
+from fermix.model import CATEGORIES, ConversationState, MemoryRow, Message
 from fermix.tokens import count_tokens
 
 NOTHING_TO_SAVE = "Nothing to save."

@@ -1,0 +1,127 @@
+"""The storage port: what the layers above may ask of the database, and nothing else.
+
+Everything above ``fermix/storage/`` reads and writes through two session types, never a
+connection or SQL of its own:
+
+- :class:`Reads` — one read unit on a pooled read connection (``with storage.read() as r``);
+- :class:`Writes` — one write unit inside the group commit (``storage.write(unit)``, where
+  ``unit`` is a function of a :class:`Writes`); it can read too, under the write lock.
+
+Each operation is one function of a table-family module bound to the session's connection,
+so the modules stay the single place each query is written. A second backend provides
+sessions with the same operations; the layers above do not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+
+import apsw
+
+from fermix.storage import conversations as _conversations
+from fermix.storage import jobs as _jobs
+from fermix.storage import memories as _memories
+from fermix.storage import messages as _messages
+from fermix.storage import resources as _resources
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Op(Generic[P, R]):
+    """A table-family function of a connection, offered as a method of a session."""
+
+    def __init__(self, fn: Callable[Concatenate[apsw.Connection, P], R]) -> None:
+        self._fn = fn
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, session: None, owner: type[Any]) -> _Op[P, R]: ...
+
+    @overload
+    def __get__(self, session: Reads, owner: type[Any]) -> Callable[P, R]: ...
+
+    def __get__(self, session: Reads | None, owner: type[Any]) -> _Op[P, R] | Callable[P, R]:
+        if session is None:
+            return self
+        fn, conn = self._fn, session._conn
+
+        def bound(*args: P.args, **kwargs: P.kwargs) -> R:
+            return fn(conn, *args, **kwargs)
+
+        return bound
+
+
+class Reads:
+    """The read operations, on one connection for the length of one unit."""
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        self._conn = conn
+
+    # conversations: state, window, review gates
+    conversation = _Op(_conversations.get)
+    conversations = _Op(_conversations.list_states)
+    window = _Op(_conversations.window)
+    newest_user_message_id = _Op(_conversations.newest_user_message_id)
+    with_new_user_messages = _Op(_conversations.with_new_user_messages)
+
+    # messages
+    message = _Op(_messages.get)
+    messages = _Op(_messages.conversation)
+    count_messages = _Op(_messages.count)
+    search_messages = _Op(_messages.search)
+
+    # memory rows
+    row = _Op(_memories.get)
+    require_row = _Op(_memories.require)
+    row_by_key = _Op(_memories.get_by_key)
+    rows = _Op(_memories.list_rows)
+    search_rows = _Op(_memories.search)
+    memory_version = _Op(_memories.change_counter)
+    memory_agents = _Op(_memories.agents)
+    memory_owners = _Op(_memories.owners)
+
+    # sources, jobs and runs
+    source = _Op(_jobs.get_source)
+    sources = _Op(_jobs.list_sources)
+    job = _Op(_jobs.get_job)
+    jobs = _Op(_jobs.list_jobs)
+    runs = _Op(_jobs.list_runs)
+
+    # prompt-file resources and their revisions
+    resource = _Op(_resources.get_resource)
+    resources = _Op(_resources.list_resources)
+    current_revision = _Op(_resources.current)
+    revision = _Op(_resources.get_revision)
+    revisions = _Op(_resources.history)
+
+
+class Writes(Reads):
+    """The write operations (and every read), inside one write transaction."""
+
+    # conversations
+    touch_conversation = _Op(_conversations.touch)
+    update_conversation = _Op(_conversations.update)
+    claim_review = _Op(_conversations.claim_review)
+    finish_review = _Op(_conversations.finish_review)
+    fail_review = _Op(_conversations.fail_review)
+    release_expired_claims = _Op(_conversations.release_expired_claims)
+
+    # messages
+    insert_message = _Op(_messages.insert)
+
+    # memory rows
+    upsert_row = _Op(_memories.upsert)
+    replace_row = _Op(_memories.replace_value)
+    archive_row = _Op(_memories.archive)
+    restore_row = _Op(_memories.restore)
+
+    # sources, jobs and runs
+    ensure_source = _Op(_jobs.ensure_source)
+    create_job = _Op(_jobs.create_job)
+    start_run = _Op(_jobs.start_run)
+    finish_run = _Op(_jobs.finish_run)
+
+    # prompt-file revisions
+    record_revision = _Op(_resources.record)
