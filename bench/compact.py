@@ -10,15 +10,16 @@ overridden to 120,000 and the previous turn's recorded peak at the threshold (0.
 server on 127.0.0.1, started in this process and answering at once with a 300-word
 summary: its round trip is litellm, the OpenAI client and loopback HTTP, nothing else.
 
-Each compaction goes through the public path, ``Memory.compact(conv)`` (the Compactor
-actor, ``compact_conversation``): the gates, the window read from SQLite, the plan (a
-tiktoken count of every message), the transcript of what is summarized (counted again, as
-JSON lines), the model call, the summary fitted to its room, and the transaction that
-writes the checkpoint and moves the window. The whole call is timed, and so are the pieces
-inside it, where they run, by wrapping for the run only the functions the compactor calls
-(``conversations.window``, ``compaction.plan``, ``compaction.transcript``,
-``compaction.fit_summary``, ``llm.complete`` and the writer's ``Committer.run``). fermix's
-own time is the whole call minus the model call. Target: under 100 ms (p50).
+Each compaction goes through the path a running fermix takes: an ask of the Compactor
+actor (``Compact(key)``), which runs the use case, ``fermix.runtime.compacting.Compacting``
+on the home's ``Database`` and ``Writer``: the gates, the window read from SQLite, the plan
+(a tiktoken count of every message), the transcript of what is summarized (counted again,
+as JSON lines), the model call, the summary fitted to its room, and the transaction that
+writes the checkpoint and moves the window. The whole ask is timed, and so are the pieces
+inside it, where they run, by wrapping for the run only what the use case calls (the read
+session's ``window``, ``compaction.plan``, ``compaction.transcript``,
+``compaction.fit_summary``, ``llm.complete`` and ``Writer.write``). fermix's own time is
+the whole ask minus the model call. Target: under 100 ms (p50).
 
 Baselines in the same run: right after each compaction, a bare ``llm.complete`` of the
 exact prompt that compaction sent, with the same options (the round trip with no fermix
@@ -31,10 +32,10 @@ printed is one JSON object: ``fermix_ms`` and ``model_roundtrip_ms`` are p50s of
 (cold) compactions, with each piece's p50 beside them.
 
 fermix's own time subtracts the model call as it ran inside the compaction
-(``model_in_compaction_ms``). The bare call from the main thread has measured about 40 ms
-slower than that same request: the test server sends headers and body in two writes, and
-Nagle's algorithm meets delayed ACK on loopback (with ``TCP_NODELAY`` on the server's
-sockets both take the same time).
+(``model_in_compaction_ms``). The bare call from the main thread has measured (on some
+machines) about 40 ms slower than that same request: the test server sends headers and
+body in two writes, and Nagle's algorithm meets delayed ACK on loopback (with
+``TCP_NODELAY`` on the server's sockets both take the same time).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import pykka
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -61,10 +64,17 @@ from model_server import ModelServer, text_reply
 from rich.console import Console
 from rich.table import Table
 
-from fermix import Conversation, Memory, llm
-from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
+from fermix import llm
+from fermix.actors.compactor import Compact, Compactor
+from fermix.config import CompactionConfig, Config, ModelConfig
 from fermix.core import compaction
-from fermix.storage import conversations
+from fermix.core.compaction import CompactionResult
+from fermix.home import Home
+from fermix.model import ConversationKey, Message, NewMessage
+from fermix.runtime.compacting import Compacting
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Reads
 from fermix.tokens import count_tokens
 
 MODEL = "openai/bench"
@@ -87,15 +97,15 @@ def chat_text(rng: random.Random, tokens: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(int(tokens / 1.2)))
 
 
-def fill(conv: Conversation, texts: Sequence[str], *, peak: int) -> None:
-    """Append ``texts`` as alternating user and assistant turns through the public API, the
-    last one with the turn's peak prompt tokens (so a compaction is due)."""
-    for i, text in enumerate(texts[:-1]):
-        if i % 2 == 0:
-            conv.append_user(text)
-        else:
-            conv.append_assistant(text)
-    conv.append("assistant", texts[-1], sender="assistant", peak_prompt_tokens=peak)
+def fill(writer: Writer, key: ConversationKey, texts: Sequence[str], *, peak: int) -> None:
+    """Append ``texts`` as alternating user and assistant turns through the writer (as a
+    host's turns are), the last one with the turn's peak prompt tokens (so a compaction is
+    due)."""
+    for i, text in enumerate(texts):
+        role = "user" if i % 2 == 0 else "assistant"
+        new = NewMessage(key, role, text, owner_id=OWNER, sender=role)
+        last = i == len(texts) - 1
+        writer.append(new, trust="operator", peak_prompt_tokens=peak if last else None)
 
 
 PIECES = ("window_read", "plan", "transcript", "fit_summary", "transaction")
@@ -126,21 +136,21 @@ class Rounds:
 
 
 def compact_once(
-    memory: Memory,
-    conv: Conversation,
+    compactor: pykka.ActorRef[Compactor],
+    db: Database,
+    key: ConversationKey,
     watch: Stopwatch,
     bare_complete: Any,
     rounds: Rounds | None,
 ) -> None:
     """One timed compaction, then a bare model call of its prompt; figures into ``rounds``
     (None: a warm-up)."""
-    conv.history()  # a hot conversation, as in a host mid-chat
     started = time.perf_counter()
-    result = memory.compact(conv)
+    result: CompactionResult = compactor.ask(Compact(key), block=True)
     elapsed = (time.perf_counter() - started) * 1000
     if result.status != "compacted":
-        raise SystemExit(f"{conv.key}: {result.status} {result.reason} {result.error}")
-    _check(conv, result.after_tokens)  # also lets the actor's reload finish, untimed
+        raise SystemExit(f"{key}: {result.status} {result.reason} {result.error}")
+    _check(db, key, result.after_tokens)
     args, kwargs = watch.calls["model"][-1]
     started = time.perf_counter()
     bare_complete(*args, **kwargs)  # the bare round trip of the same prompt
@@ -169,34 +179,38 @@ def run(rounds: int, warmup: int, tokens: int) -> dict[str, Any]:
     with ModelServer() as server, tempfile.TemporaryDirectory() as tmp:
         server.default = text_reply(SUMMARY)
         config = Config(
-            memory=MemoryConfig(review_interval_hours=0),
             model=ModelConfig(
                 primary=MODEL, api_base=server.url, context_window=CONTEXT_WINDOW, timeout_s=30
             ),
         )
-        with Memory(Path(tmp), config=config) as memory, ExitStack() as stack:
-            convs = [
-                memory.conversation(AGENT, "bench", str(n), owner_id=OWNER)
-                for n in range(warmup + rounds)
-            ]
-            for conv in convs:
-                fill(conv, texts, peak=peak)
+        with ExitStack() as stack:
+            db = Database(Path(tmp) / "memory.db")
+            stack.callback(db.close)
+            writer = Writer(db, PromptFiles(Home(Path(tmp)), db))
+            compactor = Compactor.start(Compacting(config, db, writer))
+            stack.callback(compactor.stop)
+            keys = [ConversationKey(AGENT, "bench", str(n)) for n in range(warmup + rounds)]
+            for key in keys:
+                fill(writer, key, texts, peak=peak)
             bare_complete = llm.complete  # unwrapped, for the bare round trips
             stack.enter_context(watch.wrapping(llm, "complete", "model"))
-            stack.enter_context(watch.wrapping(conversations, "window", "window_read"))
+            # the read session's operation is a descriptor over the storage function:
+            # time that function where the session calls it
+            stack.enter_context(watch.wrapping(vars(Reads)["window"], "_fn", "window_read"))
             for name in ("plan", "transcript", "fit_summary"):
                 stack.enter_context(watch.wrapping(compaction, name, name))
-            committer = memory.compaction_context.committer
-            stack.enter_context(watch.wrapping(committer, "run", "transaction"))
-            for n, conv in enumerate(convs):
-                compact_once(memory, conv, watch, bare_complete, cold if n >= warmup else None)
+            stack.enter_context(watch.wrapping(writer, "write", "transaction"))
+            for n, key in enumerate(keys):
+                phase = cold if n >= warmup else None
+                compact_once(compactor, db, key, watch, bare_complete, phase)
                 started = time.perf_counter()  # the floor: one tiktoken pass over the window
                 sum(count_tokens(t, MODEL) for t in texts)
                 counting.append((time.perf_counter() - started) * 1000)
-            for n, conv in enumerate(convs):
-                grown = len(texts) - len(conv.history()) + 1
-                fill(conv, [chat_text(rng, per_message) for _ in range(grown)], peak=peak)
-                compact_once(memory, conv, watch, bare_complete, warm if n >= warmup else None)
+            for n, key in enumerate(keys):
+                grown = len(texts) - len(_window(db, key)) + 1
+                fill(writer, key, [chat_text(rng, per_message) for _ in range(grown)], peak=peak)
+                phase = warm if n >= warmup else None
+                compact_once(compactor, db, key, watch, bare_complete, phase)
     fermix = statistics.median(cold.fermix())
     return {
         "window_tokens": window_tokens,
@@ -216,12 +230,17 @@ def run(rounds: int, warmup: int, tokens: int) -> dict[str, Any]:
     }
 
 
-def _check(conv: Conversation, after_tokens: int) -> None:
+def _window(db: Database, key: ConversationKey) -> list[Message]:
+    with db.read() as reads:
+        return reads.window(key)
+
+
+def _check(db: Database, key: ConversationKey, after_tokens: int) -> None:
     """The compaction did its job: the window fits the budget (K1)."""
     budget = int(CONTEXT_WINDOW * compaction.BUDGET_RATIO)
     if after_tokens > budget:
         raise SystemExit(f"window of {after_tokens} tokens after compaction, budget {budget}")
-    if conv.history()[0].kind != "checkpoint":
+    if _window(db, key)[0].kind != "checkpoint":
         raise SystemExit("the window does not start with the checkpoint")
 
 

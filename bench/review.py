@@ -5,17 +5,19 @@ Usage: ``python bench/review.py [--quick] [--reviews N] [--dir PATH]``
 One review (E3-E6) reads 40 new user messages and 200 existing memory rows, asks the model
 once and applies its answer. The model is ``tests/model_server.py``'s scripted server on
 127.0.0.1, started in this process and answering at once, so the round trip is litellm,
-the OpenAI client and loopback HTTP, nothing else. Each review goes through the public
-path, ``Memory.review(conv)`` (the Reviewer actor, ``review_conversation``): gate, claim,
-reads, packing, prompt, the model call, parse, admission, one transaction, prompt files
-rebuilt (fsync'd, a revision recorded). Every answer is real work on rows shown to that
+the OpenAI client and loopback HTTP, nothing else. Each review goes through the path
+``Memory.review(conv)`` takes, wired here as a process wires it (``Database``, ``Writer``,
+``PromptFiles``, ``Reviewing``) and asked of the Reviewer actor: gate, claim, reads,
+packing, prompt, the model call, parse, admission, one transaction, prompt files rebuilt
+(fsync'd, a revision recorded). Every answer is real work on rows shown to that
 review: three adds, two replaces and three archives, so the live rows stay at 200 and the
 transaction and the rebuild write every time.
 
 How it is measured: each review is timed whole, and the pieces inside it are timed where
-they run by wrapping, for the run only, the functions the reviewer calls:
-``fermix.llm.complete`` (the model round trip), the reviewer's prompt-file rebuild, and the
-writer's ``Committer.run`` for the review's claim and its transaction. fermix's own time is
+they run by wrapping, for the run only, the functions the review calls:
+``fermix.llm.complete`` (the model round trip), the writer's prompt-file rebuild
+(``PromptFiles.rebuild_for_rows``), and ``Database.write`` for the review's claim and its
+transaction. fermix's own time is
 the whole review minus the model call. Target: under 50 ms (p50).
 
 Baselines in the same run: right after each review, a bare ``llm.complete`` of the exact
@@ -52,14 +54,16 @@ from rich.console import Console
 from rich.table import Table
 
 from fermix import llm, model
-from fermix.actors import reviewer
-from fermix.api import Conversation, Memory
+from fermix.actors.reviewer import Review, Reviewer
 from fermix.config import Config, MemoryConfig, ModelConfig
-from fermix.core import categories, review
+from fermix.core import categories, review, review_admission, review_answer
+from fermix.core.review import ReviewResult
 from fermix.home import Home
-from fermix.model import MemoryRow, Message
-from fermix.runtime import prompt_files
-from fermix.storage import conversations, memories, messages, open_database, transaction
+from fermix.model import ConversationKey, MemoryRow, Message, NewMessage
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.reviewing import AGENT_TAG, Reviewing, shown_rows
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Writes
 
 MESSAGES = 40
 ROWS = 200
@@ -74,21 +78,19 @@ _SAMPLE = (
 _WORDS = _SAMPLE.split()
 
 
-def seed_rows(home: Path, rng: random.Random) -> None:
+def seed_rows(writer: Writer, rng: random.Random) -> None:
     """200 live rows the review is shown: the owner's profile and the agent's shared ones."""
-    conn = open_database(home / "memory.db")
-    try:
-        with transaction(conn):
-            for i in range(ROWS):
-                if i < 140:
-                    category = model.USER_CATEGORIES[i % 4]
-                else:
-                    category = model.MEMORY_CATEGORIES[i % 2]
-                scope, owner = categories.reviewer_scope(
-                    category, agent_id=AGENT, owner_id=OWNER, trust="operator"
-                )
-                memories.upsert(
-                    conn,
+
+    def unit(writes: Writes) -> list[MemoryRow]:
+        rows = []
+        for i in range(ROWS):
+            profile = i < 140
+            category = model.USER_CATEGORIES[i % 4] if profile else model.MEMORY_CATEGORIES[i % 2]
+            scope, owner = categories.reviewer_scope(
+                category, agent_id=AGENT, owner_id=OWNER, trust="operator"
+            )
+            rows.append(
+                writes.upsert_row(
                     agent_id=AGENT,
                     owner_id=owner,
                     scope=scope,
@@ -97,23 +99,19 @@ def seed_rows(home: Path, rng: random.Random) -> None:
                     value=" ".join(rng.choices(_WORDS, k=12)).capitalize(),
                     promote_target=model.TARGET_OF[category],
                 )
-        prompt_files.rebuild_all_for_agent(conn, Home(home), AGENT, reason="seed")
-    finally:
-        conn.close()
+            )
+        return rows
+
+    writer.write_rows(unit, label="seed", reason="seed", also=[(AGENT, OWNER)])
 
 
-def review_inputs(home: Path, key: Any) -> tuple[list[Message], list[MemoryRow]]:
+def review_inputs(db: Database, key: ConversationKey) -> tuple[list[Message], list[MemoryRow]]:
     """The pending user messages and the shown rows of the next review of ``key``."""
-    conn = open_database(home / "memory.db")
-    try:
-        state = conversations.get(conn, key)
+    with db.read() as reads:
+        state = reads.conversation(key)
         assert state is not None
-        pending = messages.conversation(
-            conn, key, after_id=state.last_reviewed_message_id, role="user"
-        )
-        return pending, reviewer.shown_rows(conn, state)
-    finally:
-        conn.close()
+        pending = reads.messages(key, after_id=state.last_reviewed_message_id, role="user")
+        return pending, shown_rows(reads, state)
 
 
 def answer(rng: random.Random, ids: list[int], round_: int) -> str:
@@ -132,9 +130,10 @@ def answer(rng: random.Random, ids: list[int], round_: int) -> str:
     return json.dumps({"operations": operations})
 
 
-def say(conv: Conversation, rng: random.Random) -> None:
+def say(writer: Writer, key: ConversationKey, rng: random.Random) -> None:
     for _ in range(MESSAGES):
-        conv.append_user(" ".join(rng.choices(_WORDS, k=rng.randint(15, 45))))
+        text = " ".join(rng.choices(_WORDS, k=rng.randint(15, 45)))
+        writer.append(NewMessage(key, "user", text, owner_id=OWNER, sender=OWNER), trust="operator")
 
 
 def timed_ms(work: Callable[[], object], repeat: int = 20) -> float:
@@ -162,12 +161,14 @@ def pure_phases(
         )
 
     packed = pack()
-    operations = review.parse(text)
+    operations = review_answer.parse(text)
     return {
         "pack_ms": timed_ms(pack),
         "prompt_ms": timed_ms(lambda: review.build_prompt(packed, shown)),
-        "parse_ms": timed_ms(lambda: review.parse(text)),
-        "admit_ms": timed_ms(lambda: review.admit(operations, shown=shown, trust="operator")),
+        "parse_ms": timed_ms(lambda: review_answer.parse(text)),
+        "admit_ms": timed_ms(
+            lambda: review_admission.admit(operations, shown=shown, trust="operator")
+        ),
     }
 
 
@@ -184,53 +185,62 @@ def run(reviews: int, directory: str | None) -> dict[str, Any]:
         config = Config(
             model=ModelConfig(primary="openai/bench", api_base=server.url, timeout_s=30)
         )
-        seed_rows(home, rng)
-        with Memory(home, config=config) as memory, ExitStack() as wrapped:
-            route = memory.review_context.model_route()
-            wrapped.enter_context(watch.wrapping(llm, "complete", "model"))
-            wrapped.enter_context(watch.wrapping(reviewer, "_rebuild", "rebuild"))
-            wrapped.enter_context(
-                watch.wrapping(
-                    memory.review_context.committer,
-                    "run",
-                    "writes",
-                    lambda *a, label="", **k: label.startswith("review"),
+        db = Database(home / "memory.db")
+        writer = Writer(db, PromptFiles(Home(home), db))
+        reviewing = Reviewing(config, db, writer)
+        actor = Reviewer.start(reviewing)
+        try:
+            seed_rows(writer, rng)
+            route = reviewing.route
+            key = ConversationKey(AGENT, "bench", "1")
+            with ExitStack() as wrapped:
+                wrapped.enter_context(watch.wrapping(llm, "complete", "model"))
+                wrapped.enter_context(watch.wrapping(writer.files, "rebuild_for_rows", "rebuild"))
+                wrapped.enter_context(
+                    watch.wrapping(
+                        db, "write", "writes", lambda *a, label="", **k: label.startswith("review")
+                    )
                 )
-            )
-            conv = memory.conversation(AGENT, "bench", "1", owner_id=OWNER)
-            conv.append_user("hello")  # the conversation row exists from here on
-            for round_ in range(WARMUP + reviews):
-                say(conv, rng)
-                text = answer(rng, [r.id for r in review_inputs(home, conv.key)[1]], round_)
-                server.reply(text)
-                mark = watch.mark()
-                started = time.perf_counter()
-                result = memory.review(conv)
-                total = (time.perf_counter() - started) * 1000
-                if result.status != "applied" or result.refused or result.messages != MESSAGES:
-                    raise SystemExit(f"review {round_} did not do the benchmark's work: {result}")
-                model = watch.since(mark, "model")
-                pieces = {name: watch.since(mark, name) for name in ("rebuild", "writes")}
-                # baseline, right after: the prompt this review sent, bare, same answer
-                prompt = server.requests[-1]["messages"]
-                server.reply(text)
-                started = time.perf_counter()
-                llm.complete(
-                    route, prompt, agent=reviewer.AGENT_TAG, response_format=review.RESPONSE_SCHEMA
-                )
-                bare = (time.perf_counter() - started) * 1000
-                if round_ >= WARMUP:
-                    figures["fermix_ms"].append(total - model)
-                    figures["model_ms"].append(model)
-                    figures["total_ms"].append(total)
-                    figures["bare_ms"].append(bare)
-                    figures["rebuild_ms"].append(pieces["rebuild"])
-                    figures["writes_ms"].append(pieces["writes"])
-                    figures["rest_ms"].append(total - model - sum(pieces.values()))
+                for round_ in range(WARMUP + reviews):
+                    say(writer, key, rng)
+                    text = answer(rng, [r.id for r in review_inputs(db, key)[1]], round_)
+                    server.reply(text)
+                    mark = watch.mark()
+                    started = time.perf_counter()
+                    result: ReviewResult = actor.ask(Review(key, force=True))
+                    total = (time.perf_counter() - started) * 1000
+                    if result.status != "applied" or result.refused or result.messages != MESSAGES:
+                        raise SystemExit(
+                            f"review {round_} did not do the benchmark's work: {result}"
+                        )
+                    model = watch.since(mark, "model")
+                    pieces = {name: watch.since(mark, name) for name in ("rebuild", "writes")}
+                    # baseline, right after: the prompt this review sent, bare, same answer
+                    prompt = server.requests[-1]["messages"]
+                    server.reply(text)
+                    started = time.perf_counter()
+                    llm.complete(
+                        route,
+                        prompt,
+                        agent=AGENT_TAG,
+                        response_format=review_answer.RESPONSE_SCHEMA,
+                    )
+                    bare = (time.perf_counter() - started) * 1000
+                    if round_ >= WARMUP:
+                        figures["fermix_ms"].append(total - model)
+                        figures["model_ms"].append(model)
+                        figures["total_ms"].append(total)
+                        figures["bare_ms"].append(bare)
+                        figures["rebuild_ms"].append(pieces["rebuild"])
+                        figures["writes_ms"].append(pieces["writes"])
+                        figures["rest_ms"].append(total - model - sum(pieces.values()))
             shown = len(json.loads(prompt[1]["content"])["existing_rows"])
-            say(conv, rng)
-            pending, rows = review_inputs(home, conv.key)
+            say(writer, key, rng)
+            pending, rows = review_inputs(db, key)
             phases = pure_phases(pending[-MESSAGES:], rows, text, route.primary or "")
+        finally:
+            actor.stop()
+            db.close()
     load.append(os.getloadavg()[0])
     return {**figures, "phases": phases, "shown_rows": shown, "load": load}
 
@@ -241,7 +251,7 @@ ROWS_SHOWN = {
     "  writes_ms": "claim + the review's transaction",
     "  rest_ms": "reads, pack, prompt, parse, admit, actor",
     "model_ms": "the model call inside each review",
-    "total_ms": "Memory.review(conv), whole",
+    "total_ms": "Reviewer.ask(Review(key)), whole",
     "bare_ms": "baseline: bare llm.complete, same prompt",
 }
 

@@ -31,8 +31,7 @@ if TYPE_CHECKING:
         WriteFailedError,
     )
     from fermix.home import Home
-    from fermix.model import ConversationKey, Message
-    from fermix.tools import JobCaller
+    from fermix.model import ConversationKey, JobCaller, Message
 
 # Exported names are imported on first use, so ``fermix memory list`` and other commands
 # that need no actor or model start fast.
@@ -44,7 +43,7 @@ _HOMES = {
     "Conversation": "fermix.conversation",
     "ConversationKey": "fermix.model",
     "Message": "fermix.model",
-    "JobCaller": "fermix.tools",
+    "JobCaller": "fermix.model",
 }
 
 

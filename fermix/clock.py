@@ -1,11 +1,13 @@
-"""Wall-clock time as integer milliseconds since the epoch, the unit of every stored time."""
+"""Wall-clock time as integer milliseconds since the epoch, the unit of every stored time.
+
+fermix has two kinds of time and names them apart: ``now_ms`` (this module: epoch
+milliseconds, for anything stored or compared across processes) and ``monotonic``
+(``time.monotonic`` float seconds, for timeouts and intervals inside one process).
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-
-Clock = Callable[[], int]
 
 
 def now_ms() -> int:

@@ -1,27 +1,25 @@
 """``Conversation``: the handle a host holds for one chat (H1).
 
 Cheap to create on every turn: it holds only the key, the owner and the trust, and asks the
-conversation's actor (found through the registry on every call) for everything else.
+process's runtime (and through it the conversation's actor) for everything else.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from fermix.actors.conversation import History, Reload, StateQuery
+from fermix.core import commands, composer
 from fermix.errors import InvalidInputError
 from fermix.model import ConversationKey, ConversationState, Message, NewMessage
-
-if TYPE_CHECKING:
-    from fermix.api import Memory
+from fermix.runtime.engine import Runtime
 
 
 class Conversation:
     """One conversation of a host: append, read the window, commit a turn."""
 
-    def __init__(self, memory: Memory, key: ConversationKey, *, owner_id: str, trust: str):
-        self.memory = memory
+    def __init__(self, runtime: Runtime, key: ConversationKey, *, owner_id: str, trust: str):
+        self._runtime = runtime
         self.key = key
         self.owner_id = owner_id
         self.trust = trust
@@ -49,7 +47,7 @@ class Conversation:
             kind=kind,
             metadata=dict(metadata or {}),
         )
-        return self.memory._append(new, self.trust, peak_prompt_tokens)
+        return self._runtime.append(new, trust=self.trust, peak_prompt_tokens=peak_prompt_tokens)
 
     def append_user(
         self, text: str, *, sender: str = "", metadata: Mapping[str, Any] | None = None
@@ -65,17 +63,19 @@ class Conversation:
         """The conversation's window, oldest first (the newest ``limit`` messages if given)."""
         if limit is not None and (isinstance(limit, bool) or limit < 0):
             raise InvalidInputError(f"limit must be a non-negative integer, not {limit!r}")
-        window: list[Message] = self.memory._ask(self.key, History(limit))
-        return window
+        return self._runtime.history(self.key, limit)
+
+    def memory_files(self) -> tuple[str, str]:
+        """The current USER.md and MEMORY.md of this agent and owner."""
+        self._runtime.check_running()
+        return self._runtime.files.texts(self.key.agent_id, self.owner_id)
 
     def compose(self, system: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         """The litellm messages for the next model call: system prompt, the fenced
         ``<memory-context>`` block (USER.md, MEMORY.md of this agent and owner), then the
         window (P1, T5)."""
-        self.memory.ensure_prompt_files(self.key.agent_id, self.owner_id)
-        return self.memory.composer.compose(
-            system, self.key.agent_id, self.history(limit), owner_id=self.owner_id
-        )
+        user_md, memory_md = self.memory_files()
+        return composer.compose(system, user_md, memory_md, self.history(limit))
 
     def preflight(self) -> str | None:
         """Before a turn: compact if the previous turn's recorded peak calls for it (K3).
@@ -83,20 +83,31 @@ class Conversation:
         Returns the notice for the host to send when it compacted, else None; a cold
         conversation (no recorded peak) is skipped at once.
         """
-        return self.memory.compact(self).notice
+        return self._runtime.compact(self.key).notice
 
     def handle_command(self, text: str) -> str | None:
-        """Run a fermix chat command (``/compact``, ``/new``, ``/clear``); None if not one."""
-        return self.memory.handle_command(self, text)
+        """Run ``text`` if it is a fermix chat command and return the reply to send (K4).
+
+        None means ``text`` is not a fermix command: the host goes on with its turn. A
+        guest's state-changing command is refused and changes nothing.
+        """
+        command = commands.parse(text)
+        if command is None:
+            return None
+        if not commands.allowed(command, self.trust):
+            return commands.refusal(command)
+        if command.name == "compact":
+            return commands.compaction_reply(self._runtime.compact(self.key, force=True))
+        self._runtime.clear_window(self.key)
+        return commands.CLEARED
 
     def state(self) -> ConversationState | None:
         """The conversation's stored state: owner, trust, window, gates."""
-        state: ConversationState | None = self.memory._ask(self.key, StateQuery())
-        return state
+        return self._runtime.state(self.key)
 
     def reload(self) -> None:
         """Re-read the window from SQLite (after a compaction or ``/new`` by another actor)."""
-        self.memory._ask(self.key, Reload())
+        self._runtime.reload(self.key)
 
     def commit(
         self,
@@ -118,7 +129,7 @@ class Conversation:
             metadata=metadata,
             peak_prompt_tokens=peak,
         )
-        self.memory._dispatch_after_delivery(self)
+        self._runtime.after_delivery(self.key)
         return stored
 
 

@@ -344,3 +344,23 @@ class Revision:
             "reason": self.reason,
             "created_at": self.created_at,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class JobCaller:
+    """A scheduled job's run calling the memory tools (SC1, T2).
+
+    It reads and writes only its own job scope (its memory source), and sees no history.
+    """
+
+    agent_id: str
+    memory_source_id: int
+    owner_id: str = ""
+    run_id: int | None = None
+
+    def __post_init__(self) -> None:
+        validate.identifier("agent_id", self.agent_id)
+        validate.positive_int("memory_source_id", self.memory_source_id, maximum=2**63 - 1)
+        validate.identifier("owner_id", self.owner_id, allow_empty=True)
+        if self.run_id is not None:
+            validate.positive_int("run_id", self.run_id, maximum=2**63 - 1)

@@ -1,9 +1,10 @@
-"""``fermix chat`` as a real process on a pseudo-terminal, against the loopback model
-server running in this test process (H2, K4, T2).
+"""``fermix chat`` against the loopback model server running in this test process (H2, K4, T2).
 
-The child is started with :func:`pty.fork`, so the pty is its controlling terminal: Ctrl-D
-at the start of a line is end of input and Ctrl-C is a real SIGINT, as at a keyboard.
-Reads wait on ``select`` with a deadline; nothing sleeps.
+Sessions run in this process through :func:`fermix.cli.main`, with the lines typed at the
+prompt scripted and the output captured. What only a terminal shows runs as a real process
+on a pseudo-terminal: the child is started with :func:`pty.fork`, so the pty is its
+controlling terminal: Ctrl-D at the start of a line is end of input and Ctrl-C is a real
+SIGINT, as at a keyboard. Reads wait on ``select`` with a deadline; nothing sleeps.
 """
 
 from __future__ import annotations
@@ -25,8 +26,17 @@ from pathlib import Path
 import pytest
 from model_server import ModelServer
 
+import fermix.cli.chat_host
 from fermix import model
-from fermix.chat import DEFAULT_SYSTEM
+from fermix.cli import main
+from fermix.cli.chat_host import (
+    CHAT_COMMANDS,
+    DEFAULT_SYSTEM,
+    NOTHING_TO_REVIEW,
+    UP_TO_DATE,
+    UP_TO_DATE_BACKGROUND,
+)
+from fermix.core import commands
 from fermix.core.compaction import SUMMARY_PROMPT
 from fermix.model import ConversationKey, Message
 from fermix.storage import conversations, messages, open_database
@@ -165,6 +175,54 @@ def chat_home(home: Path) -> Path:
     return home
 
 
+class Script:
+    """The lines typed at the prompt of an in-process chat, then end of input (Ctrl-D).
+
+    Each line is echoed after its prompt into the captured output, as a terminal shows it.
+    """
+
+    def __init__(self, lines: tuple[str, ...]) -> None:
+        self.lines = list(lines)
+
+    def __call__(self, prompt: str) -> str:
+        if not self.lines:
+            raise EOFError
+        line = self.lines.pop(0)
+        sys.stdout.write(f"{prompt}{line}\n")
+        return line
+
+
+Chat = Callable[..., tuple[int, str]]
+"""Runs ``fermix chat`` in this process on a home with the typed lines; returns the exit
+code and everything it printed."""
+
+
+@pytest.fixture
+def chat(
+    model_server: ModelServer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Chat:
+    """``fermix chat --model openai/test`` on the loopback server, in this process."""
+    monkeypatch.setenv("COLUMNS", "200")  # notes on one line each
+
+    def run(home: Path, *lines: str, argv: list[str] | None = None) -> tuple[int, str]:
+        monkeypatch.setattr(fermix.cli.chat_host, "read_line", Script(lines))
+        capsys.readouterr()
+        model = ["--model", "openai/test", "--api-base", model_server.url]
+        code = main(["--home", str(home), "chat", *(model if argv is None else argv)])
+        return code, capsys.readouterr().out
+
+    return run
+
+
+def in_order(text: str, *parts: str) -> None:
+    """Each of ``parts`` appears in ``text``, after the one before it."""
+    at = 0
+    for part in parts:
+        found = text.find(part, at)
+        assert found >= 0, f"{part!r} does not follow {text[:at][-80:]!r} in:\n{text}"
+        at = found + len(part)
+
+
 def stored(home: Path) -> tuple[list[Message], list[Message], model.ConversationState]:
     """Every stored message of the terminal conversation, its window, and its state."""
     conn = open_database(home / "memory.db")
@@ -176,8 +234,8 @@ def stored(home: Path) -> tuple[list[Message], list[Message], model.Conversation
         conn.close()
 
 
-def test_h2_a_terminal_session_runs_turns_tools_and_commands_and_stores_everything(
-    start: Start, chat_home: Path, model_server: ModelServer
+def test_h2_a_session_runs_turns_tools_and_commands_and_stores_everything(
+    chat: Chat, chat_home: Path, model_server: ModelServer
 ) -> None:
     model_server.reply("Hello! Porto is lovely.", prompt_tokens=50)
     model_server.reply_tool_call(
@@ -194,27 +252,37 @@ def test_h2_a_terminal_session_runs_turns_tools_and_commands_and_stores_everythi
     model_server.reply("Summary: the user lives in Porto and asked where they live.")
     model_server.reply("Nothing much since then.", prompt_tokens=40)
 
-    chat = start()
-    chat.expect("fermix chat")
-    chat.line("Hello, I live in Porto.")
-    chat.expect("default> Hello! Porto is lovely.", STARTUP_S)
-    chat.expect("· answered by openai/test")
-    chat.line("Where did I say I live?")
-    chat.expect('· memory_recall({"query": "Porto", "source": "history"})')
-    chat.expect("default> You told me you live in Porto.")
-    chat.line("/review")
-    chat.expect("· review: applied")
-    chat.expect("· memory updated (USER.md)")
-    chat.line("/compact")
-    chat.expect("· Compacted ")
-    chat.line("/new")
-    chat.expect("· Started a fresh conversation window. Long-term memory is kept.")
-    chat.line("What is new?")
-    chat.expect("default> Nothing much since then.")
-    chat.expect(PROMPT)
-    chat.send(b"\x04")
-    assert chat.wait() == 0
-    assert "Traceback" not in chat.text
+    code, shown = chat(
+        chat_home,
+        "Hello, I live in Porto.",
+        "Where did I say I live?",
+        "/review",
+        "/compact",
+        "/new",
+        "What is new?",
+    )
+
+    assert code == 0
+    in_order(
+        shown,
+        "fermix chat",
+        "you> Hello, I live in Porto.",
+        "default> Hello! Porto is lovely.",
+        "· answered by openai/test",
+        "you> Where did I say I live?",
+        '· memory_recall({"query": "Porto", "source": "history"})',
+        "default> You told me you live in Porto.",
+        "you> /review",
+        "· review: applied (1 added)",
+        "· memory updated (USER.md)",
+        "you> /compact",
+        "· Compacted ",
+        "you> /new",
+        "· Started a fresh conversation window. Long-term memory is kept.",
+        "you> What is new?",
+        "default> Nothing much since then.",
+    )
+    assert shown.count("memory updated") == 1
 
     # the model saw the tools, the tool result, the review and the summary requests in order
     turn, call, answer, review, summary, last = model_server.requests
@@ -293,11 +361,66 @@ def test_h2_ctrl_c_while_the_model_thinks_leaves_cleanly_with_the_question_writt
 
 
 def test_h2_without_a_model_it_says_what_to_set_in_one_paragraph_and_exits_2(
-    start: Start, home: Path
+    chat: Chat, home: Path
 ) -> None:
-    chat = start(chat_argv(home))
-    assert chat.wait() == 2
-    shown = chat.text.strip()
-    assert "Traceback" not in shown
+    code, shown = chat(home, "hello", argv=[])
+    assert code == 2
+    shown = shown.strip()
     assert "primary" in shown and "--model" in shown
     assert "\n" not in shown  # one paragraph, left to the terminal to wrap
+
+
+def test_h2_review_right_after_the_background_review_says_memory_is_up_to_date(
+    chat: Chat, home: Path, model_server: ModelServer
+) -> None:
+    # The default config reviews in the background after a turn (a first review has no
+    # interval to wait for), so that review reads "I live in Porto" before /review can.
+    model_server.reply("Hello! Porto is lovely.", prompt_tokens=50)
+    model_server.reply_json(
+        {
+            "operations": [
+                {"op": "add", "category": "identity", "key": "home_city", "value": "Lives in Porto"}
+            ]
+        }
+    )
+
+    code, shown = chat(home, "Hello, I live in Porto.", "/review", "/review")
+
+    assert code == 0
+    in_order(
+        shown,
+        "default> Hello! Porto is lovely.",
+        "· memory updated (USER.md)",  # the background review's update, said once...
+        f"· {UP_TO_DATE_BACKGROUND}",  # ...and what the first /review found
+        "you> /review",
+        f"· {UP_TO_DATE}",  # nothing new since
+    )
+    in_order(shown, "you> /review", f"· {UP_TO_DATE_BACKGROUND}")
+    assert shown.count("memory updated") == 1
+    assert "skipped" not in shown and "no_new_messages" not in shown
+    assert len(model_server.requests) == 2  # the turn and the background review
+    assert "Lives in Porto" in (home / "memory" / "default" / "USER.md").read_text()
+
+
+def test_h2_review_before_anything_was_said_says_there_is_nothing_to_review(
+    chat: Chat, home: Path, model_server: ModelServer
+) -> None:
+    code, shown = chat(home, "/review")
+    assert code == 0
+    assert f"· {NOTHING_TO_REVIEW}" in shown
+    assert model_server.requests == []
+
+
+def test_h2_k4_help_lists_fermix_and_chat_commands_in_aligned_columns(
+    chat: Chat, home: Path
+) -> None:
+    code, shown = chat(home, "/help")
+    assert code == 0
+    listed = [line for line in shown.splitlines() if line.startswith("/")]
+    assert listed == commands.help_text(CHAT_COMMANDS).splitlines()
+    names = [line.split()[0] for line in listed]
+    assert names == ["/compact", "/new", "/clear", "/memory", "/review", "/help", "/quit"]
+    starts = {
+        len(line) - len(line[len(n) :].lstrip()) for line, n in zip(listed, names, strict=True)
+    }
+    assert len(starts) == 1

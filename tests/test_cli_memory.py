@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from factories import memory_row
 
 from fermix.cli import EXIT_NOT_FOUND, EXIT_USAGE, main
 from fermix.model import Scope
@@ -126,17 +128,119 @@ def _subparsers(parser: object) -> dict[str, object]:
     return {}
 
 
-def test_h3_a_raw_database_error_in_a_command_is_one_line_and_exit_1(
+def test_h3_a_database_error_in_a_command_is_one_line_and_exit_1(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (home / "memory.db").write_bytes(b"this is not a database, just bytes " * 200)
+    assert main(["--home", str(home), "memory", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("fermix: ") and err.count("\n") == 1
+    assert "Traceback" not in err
+
+
+# -- at 80 columns (issue 11) --------------------------------------------------------------
+
+HEADERS = ["id", "owner", "scope", "category", "key", "value", "renders", "updated"]
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d")
+
+
+def _table(lines: list[str], width: int) -> tuple[str, str, list[str]]:
+    """The title, header line and row lines of a rendered table no wider than ``width``."""
+    assert all(len(line.rstrip()) <= width for line in lines), lines
+    title, header, rule, *rows = lines
+    assert set(rule.strip()) == {"─"}
+    return title.strip(), header, rows
+
+
+def _table_at(
+    width: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *argv: str
+) -> tuple[str, str, list[str]]:
+    monkeypatch.setenv("COLUMNS", str(width))
+    assert main(["memory", "list", *argv]) == 0
+    return _table(capsys.readouterr().out.splitlines(), width)
+
+
+def test_s7_at_80_columns_the_list_keeps_headers_and_short_cells_whole_and_wraps_only_the_value(
     home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import apsw
+    _seed(home)
+    title, header, rows = _table_at(80, capsys, monkeypatch)
+    assert title == "memory rows · agent agent"  # one agent: said once, in the title
+    assert header.split() == HEADERS
+    first = [row for row in rows if row[:1].isdigit()]
+    assert [row.split()[:4] for row in first] == [
+        ["2", "bob", "owner", "preference"],
+        ["1", "alice", "owner", "preference"],
+    ]
+    assert all(TIMESTAMP.search(row) and "USER.md" in row for row in first)
+    assert " ".join(" ".join(rows).split()).count("drinks") == 2
 
-    import fermix.cli.memory
 
-    def busy(ctx: object, args: object) -> int:
-        raise apsw.BusyError("database is locked")
+def test_s7_at_80_columns_long_ids_and_values_are_cut_or_wrapped_never_the_short_columns(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = open_database(home / "memory.db")
+    with transaction(conn):
+        for owner, scope in [
+            ("a-rather-long-owner-id-from-a-chat-platform", Scope("conversation", "tg:1234567890")),
+            ("alice", Scope("owner", "alice")),
+        ]:
+            memories.upsert(
+                conn,
+                agent_id="assistant",
+                owner_id=owner,
+                scope=scope,
+                category="preference",
+                key="a_key_of_some_length",
+                value="A value long enough to need several lines at eighty columns, " * 3,
+                promote_target="user_md",
+            )
+    conn.close()
+    _, header, rows = _table_at(80, capsys, monkeypatch)
+    assert header.split() == HEADERS
+    first = [row for row in rows if row[:1].isdigit()]
+    assert len(first) == 2
+    for row in first:
+        cells = row.split()
+        assert cells[3] == "preference"
+        assert TIMESTAMP.search(row)
+    owners = sorted(row.split()[1] for row in first)
+    assert owners[0].startswith("a-r") and owners[0].endswith("…")  # cut, not wrapped
+    assert owners[1] == "alice"
 
-    monkeypatch.setattr(fermix.cli.memory, "cmd_list", busy)
-    assert main(["memory", "list"]) == 1
-    err = capsys.readouterr().err
-    assert err == "fermix: database error: database is locked\n"
+
+def test_s7_the_archived_list_says_so_in_its_title_not_in_each_category(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _seed(home)
+    title, header, rows = _table_at(80, capsys, monkeypatch, "--archived")
+    assert title == "archived memory rows · agent agent · owner alice"
+    assert header.split() == [h for h in HEADERS if h != "owner"]
+    assert rows[0].split()[:3] == ["3", "owner", "identity"]
+
+
+def test_s7_the_rows_table_has_every_column_when_agents_and_owners_differ() -> None:
+    from rich.console import Console
+
+    from fermix.cli.memory import rows_table
+
+    rows = [
+        memory_row(id=7, agent_id="bot", owner_id="alice", category="preference"),
+        memory_row(
+            id=8,
+            agent_id="helper",
+            owner_id="",
+            scope_type="agent",
+            scope_id="helper",
+            category="context",
+            promote_target="memory_md",
+        ),
+    ]
+    out = Console(record=True, width=80)
+    out.print(rows_table("memory rows", rows))
+    title, header, lines = _table(out.export_text().splitlines(), 80)
+    assert title == "memory rows"
+    assert header.split() == ["id", "agent", "owner", "scope", *HEADERS[3:]]
+    assert lines[0].split()[:5] == ["7", "bot", "alice", "owner", "preference"]
+    assert lines[1].split()[:4] == ["8", "helper", "agent", "context"]
+    assert "MEMORY.md" in lines[1]

@@ -15,8 +15,10 @@ from fermix import model
 from fermix.cli import EXIT_NOT_FOUND, EXIT_USAGE, main
 from fermix.core import categories
 from fermix.home import Home
-from fermix.runtime import prompt_files
-from fermix.storage import memories, open_database, transaction
+from fermix.model import MemoryRow
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Writes
 
 
 def fermix(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -40,16 +42,30 @@ def as_json(home: Path, *args: str) -> Any:
     return json.loads(ok(home, *args, "--json"))
 
 
+class OtherProcess:
+    """The home's database and write path opened as another process (a host) would."""
+
+    def __init__(self, home: Path) -> None:
+        self.db = Database(home / "memory.db")
+        self.files = PromptFiles(Home(home), self.db)
+        self.writer = Writer(self.db, self.files)
+
+    def __enter__(self) -> OtherProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.db.close()
+
+
 def remember(home: Path, category: str, key: str, value: str, owner_id: str = "") -> int:
     """Store a fact where the reviewer would, then rebuild that owner's files."""
-    conn = open_database(home / "memory.db")
-    try:
-        scope, row_owner = categories.reviewer_scope(
-            category, agent_id="bot", owner_id=owner_id, trust="guest" if owner_id else "operator"
-        )
-        with transaction(conn):
-            row = memories.upsert(
-                conn,
+    scope, row_owner = categories.reviewer_scope(
+        category, agent_id="bot", owner_id=owner_id, trust="guest" if owner_id else "operator"
+    )
+
+    def unit(writes: Writes) -> list[MemoryRow]:
+        return [
+            writes.upsert_row(
                 agent_id="bot",
                 owner_id=row_owner,
                 scope=scope,
@@ -58,10 +74,12 @@ def remember(home: Path, category: str, key: str, value: str, owner_id: str = ""
                 value=value,
                 promote_target=model.TARGET_OF[category],
             )
-        prompt_files.rebuild(conn, Home(home), "bot", owner_id)
-        return row.id
-    finally:
-        conn.close()
+        ]
+
+    with OtherProcess(home) as other:
+        written = other.writer.write_rows(unit, label="seed", also=[("bot", owner_id)])
+        assert written.error is None
+        return written.rows[0].id
 
 
 @pytest.fixture
@@ -104,11 +122,8 @@ def test_p2_list_history_show_diff_rollback_round_trip_through_the_cli(home: Pat
     assert history[0]["reason"] == "rollback:1"
 
     # The file is derived: the next rebuild from unchanged rows writes the rendered text again.
-    conn = open_database(home / "memory.db")
-    try:
-        prompt_files.rebuild(conn, Home(home), "bot")
-    finally:
-        conn.close()
+    with OtherProcess(home) as other:
+        other.files.rebuild("bot")
     assert "- Drinks black coffee" in user_md.read_text("utf-8")
     assert as_json(home, "resource", "list")[1]["current_revision"] == 4
 
@@ -153,13 +168,11 @@ def test_h3_unknown_revisions_and_unsafe_ids_are_one_line_errors(
 
 def test_c5_memory_restore_rebuilds_the_prompt_files_of_its_agent_and_owner(home: Path) -> None:
     row_id = remember(home, "goal", "race", "Runs a marathon in May", owner_id="alice")
-    conn = open_database(home / "memory.db")
-    try:
-        with transaction(conn):
-            memories.archive(conn, row_id, by="reviewer", reason="race cancelled")
-        prompt_files.rebuild(conn, Home(home), "bot", "alice")
-    finally:
-        conn.close()
+    with OtherProcess(home) as other:
+        other.writer.write_rows(
+            lambda w: [w.archive_row(row_id, by="reviewer", reason="race cancelled")],
+            label="archive",
+        )
     user_md = home / "memory/bot/owners/alice/USER.md"
     assert "marathon" not in user_md.read_text("utf-8")
     out = as_json(home, "memory", "restore", str(row_id))

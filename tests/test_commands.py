@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,8 +17,7 @@ from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
 from fermix.core import categories
 from fermix.core.commands import Command, allowed, help_text, parse, refusal
 from fermix.model import Provenance
-from fermix.runtime import prompt_files
-from fermix.storage import jobs, memories, open_database
+from fermix.storage import Writes, open_database
 
 # -- the parser -------------------------------------------------------------------------
 
@@ -80,7 +78,21 @@ def test_k4_every_command_is_operator_only_and_the_refusal_names_it() -> None:
         assert allowed(command, "operator")
         assert not allowed(command, "guest")
         assert refusal(command) == f"Only the operator can use /{name}. Nothing was changed."
-        assert f"/{name} - " in help_text()
+
+
+def test_k4_the_help_text_lists_every_fermix_command_then_the_hosts_in_aligned_columns() -> None:
+    host = {"memory": "show the prompt files", "help": "show the commands"}
+    lines = help_text(host).splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names == ["/compact", "/new", "/clear", "/memory", "/help"]
+    # every description starts in the same column, two spaces past the longest name
+    starts = {
+        len(line) - len(line[len(name) :].lstrip()) for line, name in zip(lines, names, strict=True)
+    }
+    assert starts == {len("/compact") + 2}
+    assert lines[2].endswith("the same as /new")
+    assert lines[3].endswith("show the prompt files")
+    assert help_text().splitlines() == lines[:3]
 
 
 # -- through the host facade --------------------------------------------------------------
@@ -102,7 +114,8 @@ def running(home: Path, model_server: ModelServer) -> Iterator[Memory]:
 
 def dump(memory: Memory) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (FTS shadow tables included), and the schema version."""
-    with memory.readers.connection() as conn:
+    conn = open_database(memory.home.db_path)  # its own connection: sees every commit
+    try:
         tables = [
             name
             for (name,) in conn.execute(
@@ -111,6 +124,8 @@ def dump(memory: Memory) -> dict[str, list[tuple[Any, ...]]]:
         ]
         found = {t: sorted(conn.execute(f'SELECT * FROM "{t}"'), key=repr) for t in tables}
         found["user_version"] = conn.execute("PRAGMA user_version").fetchall()
+    finally:
+        conn.close()
     return found
 
 
@@ -130,9 +145,8 @@ SEEDED = ("memories", "memory_sources", "resources", "resource_revisions", "sche
 def seed_long_term_state(memory: Memory, conv: Conversation) -> None:
     """A memory row, USER.md with its revision, and a scheduled job (with a run)."""
 
-    def write(conn: apsw.Connection) -> None:
-        memories.upsert(
-            conn,
+    def write(writes: Writes) -> None:
+        writes.upsert_row(
             agent_id="agent",
             owner_id="alice",
             scope=categories.owner_scope("alice"),
@@ -142,17 +156,14 @@ def seed_long_term_state(memory: Memory, conv: Conversation) -> None:
             promote_target="user_md",
             provenance=Provenance(source_type="review"),
         )
-        job = jobs.create_job(
-            conn, agent_id="agent", name="digest", schedule="0 9 * * *", prompt="A digest."
+        job = writes.create_job(
+            agent_id="agent", name="digest", schedule="0 9 * * *", prompt="A digest."
         )
-        jobs.start_run(conn, job.id)
+        writes.start_run(job.id)
 
-    memory.write(write, label="seed")
-    conn = open_database(memory.home.db_path)
-    try:  # USER.md on disk, and its first revision, as the reviewer would leave them
-        rebuilt = prompt_files.rebuild(conn, memory.home, "agent", "alice")
-    finally:
-        conn.close()
+    memory._runtime.db.write(write, label="seed")
+    # USER.md on disk, and its first revision, as the reviewer would leave them
+    rebuilt = memory._runtime.files.rebuild("agent", "alice")
     assert rebuilt.user_md.revision is not None
     stored = json.loads(
         memory.tools.run(

@@ -1,26 +1,117 @@
-"""The group-commit writer: batching, isolation of a failing unit, retries (A1, S8)."""
+"""The group-commit writer: batching, isolation of a failing unit, retries, close (A1, S8).
+
+Batches are formed deterministically, without sleeps: a *gate* unit holds the connection
+(committing alone on its caller's thread) until the test releases it; the units called
+meanwhile queue, and the test waits on the queue's growth (a condition, with a timeout)
+before it lets the gate go. They then commit as one batch on the writer thread.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
 from faults import FaultVFS
 
-from fermix.errors import WriteFailedError
-from fermix.model import ConversationKey, NewMessage
+from fermix.errors import StorageError, WriteFailedError
+from fermix.model import ConversationKey, Message, NewMessage
 from fermix.storage import messages, open_database
-from fermix.storage.committer import Committer, RetryPolicy
+from fermix.storage.committer import QUEUE_AFTER_CONTENTION, Committer, RetryPolicy
 
 KEY = ConversationKey("agent", "cli", "1")
+WAIT_S = 10.0
+"""The longest any test waits for another thread; a correct committer takes milliseconds."""
 _vfs = FaultVFS("fermix-faulty-committer")
 
+Work = Callable[[apsw.Connection], Any]
 
-def _insert(text: str):  # type: ignore[no-untyped-def]
-    return lambda conn: messages.insert(conn, NewMessage(KEY, "user", text))
+
+def _insert(text: str, key: ConversationKey = KEY) -> Callable[[apsw.Connection], Message]:
+    return lambda conn: messages.insert(conn, NewMessage(key, "user", text))
+
+
+def _stored(db: Path, key: ConversationKey = KEY) -> list[str]:
+    conn = open_database(db)
+    try:
+        return [m.content for m in messages.conversation(conn, key)]
+    finally:
+        conn.close()
+
+
+class _WatchedQueue(deque[Any]):
+    """The committer's queue, with a condition to wait on until it holds ``n`` units."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._grew = threading.Condition()
+
+    def append(self, unit: Any) -> None:
+        super().append(unit)
+        with self._grew:
+            self._grew.notify_all()
+
+    def wait_for_length(self, n: int) -> None:
+        with self._grew:
+            assert self._grew.wait_for(lambda: len(self) >= n, WAIT_S), f"{n} units never queued"
+
+
+class _Gate:
+    """A unit that holds the connection until :meth:`open` (and records where it ran)."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self._open = threading.Event()
+
+    def __call__(self, conn: apsw.Connection) -> str:
+        self.entered.set()
+        assert self._open.wait(WAIT_S), "the gate was never opened"
+        return "gate"
+
+    def open(self) -> None:
+        self._open.set()
+
+
+def _call(committer: Committer, work: Work, label: str = "unit") -> Future[Any]:
+    """``committer.run(work)`` on a thread of its own; its outcome as a future."""
+    future: Future[Any] = Future()
+
+    def call() -> None:
+        try:
+            future.set_result(committer.run(work, label=label))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test through the future
+            future.set_exception(exc)
+
+    threading.Thread(target=call, daemon=True).start()
+    return future
+
+
+@pytest.fixture
+def committer(tmp_path: Path) -> Iterator[Committer]:
+    committer = Committer(open_database(tmp_path / "m.db"))
+    yield committer
+    committer.close()
+
+
+def _hold_and_queue(committer: Committer, works: list[Work]) -> tuple[_Gate, list[Future[Any]]]:
+    """Hold the connection with a gate, then queue ``works`` in this order behind it."""
+    watched = _WatchedQueue()
+    committer._queue = watched  # the units queue here from now on
+    gate = _Gate()
+    gate_call = _call(committer, gate, label="gate")
+    assert gate.entered.wait(WAIT_S)
+    futures = []
+    for n, work in enumerate(works, 1):
+        futures.append(_call(committer, work, label=f"unit {n}"))
+        watched.wait_for_length(n)
+    futures.insert(0, gate_call)
+    return gate, futures
 
 
 def test_a1_concurrent_units_share_commits_and_all_land(tmp_path: Path) -> None:
@@ -50,13 +141,15 @@ def test_a1_a_failing_unit_is_left_out_and_its_batchmates_commit(tmp_path: Path)
         messages.insert(conn, NewMessage(KEY, "user", "half"))
         raise ValueError("this unit fails after writing")
 
-    batch = [(work, Future(), "unit") for work in (_insert("a"), bad, _insert("b"))]
-    committer._lead(batch)  # one batch, as concurrent callers would have queued it
-    outcomes = [future.exception() for _, future, _ in batch]
+    gate, (gated, *futures) = _hold_and_queue(committer, [_insert("a"), bad, _insert("b")])
+    before = committer.batches
+    gate.open()
+    outcomes = [future.exception(WAIT_S) for future in futures]
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], ValueError)
-    conn = open_database(tmp_path / "m.db")
-    assert [m.content for m in messages.conversation(conn, KEY)] == ["a", "b"]
+    assert gated.result(WAIT_S) == "gate"
+    assert committer.batches == before + 2  # the gate's transaction, then one for the three
+    assert _stored(tmp_path / "m.db") == ["a", "b"]
     committer.close()
 
 
@@ -75,3 +168,186 @@ def test_a1_transient_faults_are_retried_then_typed(tmp_path: Path) -> None:
     conn = open_database(tmp_path / "m.db")
     assert [m.content for m in messages.conversation(conn, KEY)] == ["after two faults"]
     committer.close()
+
+
+def test_a1_s8_each_of_many_threads_gets_its_own_results_in_the_order_it_called(
+    tmp_path: Path, committer: Committer
+) -> None:
+    threads, per_thread = 8, 60
+    start = threading.Barrier(threads)
+    results: dict[int, list[Message]] = {}
+
+    def writer(n: int) -> None:
+        key = ConversationKey("agent", "cli", f"t{n}")
+        start.wait(WAIT_S)
+        results[n] = [committer.run(_insert(f"{n}-{i}", key)) for i in range(per_thread)]
+
+    workers = [threading.Thread(target=writer, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(WAIT_S * 3)
+    assert sorted(results) == list(range(threads))
+    for n, stored in results.items():
+        # Each caller got back its own rows, committed in the order it called.
+        assert [m.content for m in stored] == [f"{n}-{i}" for i in range(per_thread)]
+        ids = [m.id for m in stored]
+        assert ids == sorted(ids)
+        key = ConversationKey("agent", "cli", f"t{n}")
+        assert _stored(tmp_path / "m.db", key) == [m.content for m in stored]
+    assert committer.batches <= threads * per_thread
+
+
+def test_s8_units_queued_behind_a_busy_connection_commit_in_one_transaction_in_queue_order(
+    tmp_path: Path, committer: Committer
+) -> None:
+    ran_on: list[threading.Thread] = []
+
+    def insert(text: str) -> Work:
+        def work(conn: apsw.Connection) -> Message:
+            ran_on.append(threading.current_thread())
+            return messages.insert(conn, NewMessage(KEY, "user", text))
+
+        return work
+
+    texts = ["first", "second", "third", "fourth"]
+    gate, (gated, *futures) = _hold_and_queue(committer, [insert(t) for t in texts])
+    before = committer.batches
+    gate.open()
+    stored = [future.result(WAIT_S) for future in futures]
+    assert gated.result(WAIT_S) == "gate"
+    assert committer.batches == before + 2
+    assert [m.content for m in stored] == texts
+    assert [m.id for m in stored] == sorted(m.id for m in stored)
+    # One thread committed the batch for its four callers: the writer, none of them.
+    assert len(set(ran_on)) == 1 and ran_on[0].name == "fermix-committer"
+    assert _stored(tmp_path / "m.db") == texts
+
+
+def test_a1_a_units_database_error_reaches_only_its_caller_typed(
+    tmp_path: Path, committer: Committer
+) -> None:
+    def breaks_a_constraint(conn: apsw.Connection) -> None:
+        conn.execute("INSERT INTO messages (content) VALUES ('no agent, no role')")
+
+    gate, (_gated, *futures) = _hold_and_queue(
+        committer, [_insert("a"), breaks_a_constraint, _insert("b")]
+    )
+    gate.open()
+    assert futures[0].result(WAIT_S).content == "a"
+    assert futures[2].result(WAIT_S).content == "b"
+    error = futures[1].exception(WAIT_S)
+    assert isinstance(error, WriteFailedError) and "unit 2" in str(error)
+    assert isinstance(error.__cause__, apsw.ConstraintError)
+    assert _stored(tmp_path / "m.db") == ["a", "b"]
+
+
+def test_a1_s8_a_batch_whose_commit_keeps_failing_fails_every_caller_and_keeps_nothing(
+    tmp_path: Path,
+) -> None:
+    committer = Committer(
+        open_database(tmp_path / "m.db", vfs=_vfs.vfs_name),
+        retry=RetryPolicy(attempts=3, initial_wait_s=0.001, max_wait_s=0.005),
+    )
+    gate, (gated, *futures) = _hold_and_queue(committer, [_insert("a"), _insert("b"), _insert("c")])
+    _vfs.plan.fail("write", times=None, suffix="-wal")
+    try:
+        gate.open()
+        errors = [future.exception(WAIT_S) for future in futures]
+    finally:
+        _vfs.plan.clear()
+    assert gated.result(WAIT_S) == "gate"  # it wrote nothing: its commit had no page to write
+    for error in errors:
+        assert isinstance(error, WriteFailedError) and "3 attempts" in str(error)
+    assert _stored(tmp_path / "m.db") == []
+    committer.run(_insert("after the fault"))
+    committer.close()
+    assert _stored(tmp_path / "m.db") == ["after the fault"]
+
+
+def test_s8_a_lone_caller_commits_on_its_own_thread_and_queues_only_after_contention(
+    committer: Committer,
+) -> None:
+    def where(conn: apsw.Connection) -> threading.Thread:
+        return threading.current_thread()
+
+    me = threading.current_thread()
+    assert [committer.run(where) for _ in range(3)] == [me, me, me]
+    assert committer.batches == 3
+
+    gate, (gated, queued) = _hold_and_queue(committer, [where])
+    gate.open()
+    assert gated.result(WAIT_S) == "gate"
+    assert queued.result(WAIT_S).name == "fermix-committer"
+    # Contention was seen: a lone caller goes through the writer for a while, so that a
+    # burst of callers keeps batching, then commits on its own thread again.
+    after = [committer.run(where) for _ in range(QUEUE_AFTER_CONTENTION + 2)]
+    assert after[0].name == "fermix-committer"
+    assert after[QUEUE_AFTER_CONTENTION - 1 :] == [me, me, me]
+
+
+class _Seen(logging.Handler):
+    """Sets ``event`` when a record containing ``text`` is logged."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.text = text
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.event.set()
+
+
+def _close_in_thread(committer: Committer) -> tuple[threading.Thread, threading.Event]:
+    """``committer.close()`` on a thread of its own; the event is set once it returned."""
+    closed = threading.Event()
+
+    def close() -> None:
+        committer.close()
+        closed.set()
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    return closer, closed
+
+
+def test_a1_a8_close_while_busy_commits_the_queued_work_then_refuses_new_work(
+    tmp_path: Path,
+) -> None:
+    committer = Committer(open_database(tmp_path / "m.db"))
+    gate, futures = _hold_and_queue(committer, [_insert("a"), _insert("b")])
+    logger = logging.getLogger("fermix.storage.committer")
+    seen, level = _Seen("closing the writer"), logger.level
+    logger.addHandler(seen)
+    logger.setLevel(logging.DEBUG)
+    try:
+        closer, closed = _close_in_thread(committer)
+        assert seen.event.wait(WAIT_S)  # close() has begun while the gate holds the connection
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
+    assert not closed.is_set()
+    with pytest.raises(StorageError, match="closed"):
+        committer.run(_insert("too late"))
+    gate.open()
+    closer.join(WAIT_S)
+    assert closed.is_set()
+    assert futures[0].result(WAIT_S) == "gate"
+    assert [f.result(WAIT_S).content for f in futures[1:]] == ["a", "b"]
+    assert _stored(tmp_path / "m.db") == ["a", "b"]
+    writer = committer._writer
+    assert writer is not None and not writer.is_alive()
+
+
+def test_a1_close_waits_for_a_lone_caller_that_is_committing(tmp_path: Path) -> None:
+    committer = Committer(open_database(tmp_path / "m.db"))
+    gate = _Gate()
+    gated = _call(committer, gate)
+    assert gate.entered.wait(WAIT_S)
+    closer, closed = _close_in_thread(committer)
+    assert not closed.is_set()
+    gate.open()
+    closer.join(WAIT_S)
+    assert closed.is_set() and gated.result(WAIT_S) == "gate"
+    assert committer.batches == 1

@@ -1,5 +1,6 @@
-"""Compaction: the pure plan, then the real path through the actor tree and the loopback
-model server (K1-K3, K5).
+"""Compaction: the pure plan, the use case (:class:`~fermix.runtime.compacting.Compacting`)
+on a real database and the loopback model server, the Compactor actor that runs it, and
+the path through a running :class:`~fermix.api.Memory` (K1-K5).
 
 The model's context window is overridden to 2,000 tokens, so the compaction budget is
 1,000 tokens and the threshold 1,700: a few dozen short messages cross it.
@@ -9,37 +10,45 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from faults import FaultVFS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_server import ModelServer
 
-from fermix import Conversation, Memory
+from fermix.actors.compactor import Compact, Compactor
 from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig, RealtimeConfig
 from fermix.core import compaction
 from fermix.core.compaction import (
     MESSAGE_OVERHEAD,
     NOTICE,
     SUMMARY_PROMPT,
+    CompactionResult,
     due,
     fit_summary,
     message_tokens,
     plan,
     transcript,
 )
-from fermix.model import ConversationKey, Message
-from fermix.storage import conversations, messages, open_database
+from fermix.home import Home
+from fermix.model import ConversationKey, ConversationState, Message, NewMessage
+from fermix.runtime.compacting import Compacting
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.writer import Writer
+from fermix.storage import Database
 from fermix.tokens import count_tokens, uses_tiktoken
+
+if TYPE_CHECKING:
+    from fermix import Conversation, Memory
 
 MODEL = "openai/test"
 WINDOW = 2_000
 BUDGET = WINDOW // 2
 THRESHOLD_TOKENS = 1_700  # 0.85 x 2,000
-
 
 # -- the pure plan ------------------------------------------------------------------------
 
@@ -217,46 +226,418 @@ def test_k3_the_notice_is_the_specified_sentence() -> None:
     assert NOTICE == "Trimmed older conversation history to stay within the context window."
 
 
-# -- the real path: actor tree, SQLite, loopback model server --------------------------------
+# -- the use case: Compacting on a real database and the loopback model server ----------
+
+KEY = ConversationKey("agent", "cli", "1")
+_faulty = FaultVFS("fermix-faulty-compaction")
 
 
-def config_for(server: ModelServer, *, enabled: bool = True, effort: str = "high") -> Config:
+def config_for(
+    server: ModelServer,
+    *,
+    enabled: bool = True,
+    effort: str = "high",
+    primary: str = MODEL,
+    context_window: int | None = WINDOW,
+) -> Config:
     """A small context window on the loopback server; background review off, so every
     request the server receives is a compaction's."""
     return Config(
         memory=MemoryConfig(review_interval_hours=0),
-        model=ModelConfig(primary=MODEL, api_base=server.url, context_window=WINDOW, timeout_s=5),
+        model=ModelConfig(
+            primary=primary, api_base=server.url, context_window=context_window, timeout_s=5
+        ),
         compaction=CompactionConfig(enabled=enabled, reasoning_effort=effort),
         realtime=RealtimeConfig(persist_transcripts=True),
     )
 
 
+class Rig:
+    """A database in a temporary home, its writer, a settable clock, and every call of
+    ``on_compacted`` with the conversation's state as SQLite held it then."""
+
+    def __init__(self, root: Path, server: ModelServer, *, vfs: str | None = None) -> None:
+        self.db = Database(root / "memory.db", vfs=vfs)
+        self.writer = Writer(self.db, PromptFiles(Home(root), self.db))
+        self.server = server
+        self.now = [1_800_000_000_000]
+        self.compacted: list[tuple[ConversationKey, ConversationState | None]] = []
+
+    def compacting(self, **config: object) -> Compacting:
+        """The use case on this database, its config :func:`config_for` with ``config``."""
+        return Compacting(
+            config_for(self.server, **config),  # type: ignore[arg-type]
+            self.db,
+            self.writer,
+            clock=lambda: self.now[0],
+            on_compacted=lambda key: self.compacted.append((key, self.state(key))),
+        )
+
+    def append(self, role: str, text: str, *, peak: int | None = None) -> Message:
+        new = NewMessage(KEY, role, text, owner_id="alice", sender=role)
+        return self.writer.append(new, trust="operator", peak_prompt_tokens=peak)
+
+    def fill(self, turns: int, *, start: int = 0) -> list[Message]:
+        """``turns`` user/assistant pairs, each with a searchable marker word."""
+        stored = []
+        for i in range(start, start + turns):
+            stored.append(
+                self.append(
+                    "user", f"marker{i:03d}u I keep asking about the harbour in Porto, {i}."
+                )
+            )
+            stored.append(
+                self.append(
+                    "assistant", f"marker{i:03d}a The harbour in Porto is busy in May, {i}."
+                )
+            )
+        return stored
+
+    def window(self) -> list[Message]:
+        with self.db.read() as reads:
+            return reads.window(KEY)
+
+    def state(self, key: ConversationKey = KEY) -> ConversationState | None:
+        with self.db.read() as reads:
+            return reads.conversation(key)
+
+    def stored(self) -> list[Message]:
+        """Every stored message of the conversation, whatever the window."""
+        with self.db.read() as reads:
+            return reads.messages(KEY)
+
+
+@pytest.fixture
+def rig(tmp_path: Path, model_server: ModelServer) -> Iterator[Rig]:
+    made = Rig(tmp_path, model_server)
+    yield made
+    made.db.close()
+
+
+def window_tokens(window: list[Message]) -> int:
+    """The window's tokens by tiktoken, each message with its framing."""
+    return sum(count_tokens(m.content, MODEL) + MESSAGE_OVERHEAD for m in window)
+
+
+def test_k3_a_cold_conversation_is_skipped_without_calling_the_model(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    never_written = ConversationKey("agent", "cli", "new")
+    assert compacting.compact(never_written).reason == "cold"
+    assert compacting.compact(never_written, force=True).reason == "cold"
+    rig.fill(30)  # far over the budget, but no turn has recorded a peak yet
+    assert compacting.compact(KEY) == CompactionResult(KEY, "skipped", reason="cold")
+    assert model_server.requests == [] and rig.compacted == []
+
+
+def test_k3_under_the_threshold_is_skipped_without_calling_the_model(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    rig.fill(30)
+    rig.append("assistant", "a reply", peak=THRESHOLD_TOKENS - 1)
+    result = compacting.compact(KEY)
+    assert (result.status, result.reason, result.notice) == ("skipped", "under_threshold", None)
+    assert model_server.requests == []
+
+
+def test_k1_k3_a_recorded_peak_at_the_threshold_compacts_once_and_is_used_up(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    rig.fill(30)
+    rig.append("assistant", "the last reply", peak=THRESHOLD_TOKENS)
+    model_server.reply("The user asked about the harbour in Porto many times.")
+    result = compacting.compact(KEY)
+    assert (result.status, result.notice, result.model) == ("compacted", NOTICE, MODEL)
+    assert len(model_server.requests) == 1
+    state = rig.state()
+    assert state is not None and state.peak_prompt_tokens is None
+    assert rig.window()[0].kind == "checkpoint"
+    # on_compacted ran once, after the commit: SQLite already held the new window then
+    assert rig.compacted == [(KEY, state)]
+    assert compacting.compact(KEY).reason == "cold"  # the peak was used up: no second notice
+    assert len(model_server.requests) == 1
+
+
+def test_k1_k5_the_compacted_window_is_the_checkpoint_and_kept_messages_under_the_budget(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    assert uses_tiktoken(MODEL)  # the budget below is counted by tiktoken, not estimated
+    compacting = rig.compacting()
+    originals = rig.fill(30)
+    originals.append(rig.append("assistant", "last", peak=1_900))
+    assert window_tokens(rig.window()) > BUDGET
+    # a summary far longer than the room it has: fermix cuts it to fit
+    model_server.reply("Summary: the user asked about the harbour in Porto. " * 300)
+    commits = rig.db.commits
+    result = compacting.compact(KEY)
+    assert result.status == "compacted"
+    assert rig.db.commits == commits + 1  # the checkpoint and the window start: one transaction
+
+    window = rig.window()
+    state = rig.state()
+    assert state is not None and state.checkpoint_message_id == window[0].id
+    checkpoint, kept = window[0], window[1:]
+    assert (checkpoint.kind, checkpoint.sender, checkpoint.owner_id) == (
+        "checkpoint",
+        "compactor",
+        "alice",
+    )
+    assert all(m.kind != "checkpoint" for m in kept)
+    assert kept and [m.id for m in kept] == [m.id for m in originals[-len(kept) :]]
+    assert window_tokens(window) <= BUDGET
+    summarized = originals[: -len(kept)]
+    assert checkpoint.metadata == {
+        "summarized_from_id": summarized[0].id,
+        "summarized_to_id": summarized[-1].id,
+        "summarized_messages": len(summarized),
+        "model": MODEL,
+    }
+    assert state.window_after_id == summarized[-1].id
+    assert (result.summarized, result.kept) == (len(summarized), len(kept))
+    assert result.before_tokens == window_tokens(originals)
+    assert result.after_tokens == window_tokens(window)
+    assert result.as_dict()["conversation"] == f"agent/{KEY.scope_id}"
+
+    # K5: every original message is still stored, and history search finds it
+    stored = {m.id: m for m in rig.stored()}
+    assert all(stored[m.id] == m for m in originals)
+    oldest = originals[0]
+    assert oldest.id not in {m.id for m in window}
+    with rig.db.read() as reads:
+        hits = reads.search_messages("marker000u", key=KEY)
+    assert oldest.id in [h.message.id for h in hits]
+
+
+def test_k2_the_summary_request_carries_the_configured_reasoning_effort(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    originals = rig.fill(30)
+    rig.append("assistant", "last", peak=THRESHOLD_TOKENS)
+    model_server.reply("A summary.")
+    assert compacting.compact(KEY).status == "compacted"
+    (request,) = model_server.requests
+    # litellm passes reasoning_effort on for openai/test (it is dropped only for a model
+    # litellm knows lacks it); the configured "high", not the default "medium"
+    assert request["reasoning_effort"] == "high"
+    system, user = request["messages"]
+    assert system == {"role": "system", "content": SUMMARY_PROMPT}
+    lines = [json.loads(line) for line in user["content"].splitlines()]
+    assert lines[0] == {"role": "user", "kind": "chat", "text": originals[0].content}
+    assert 1 <= request["max_tokens"] <= BUDGET
+
+
+def test_k3_a_failed_compaction_backs_off_60_s_in_sqlite_then_runs_again(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    rig.fill(30)
+    rig.append("assistant", "last", peak=THRESHOLD_TOKENS)
+    window = rig.window()
+    model_server.fail(500)
+
+    result = compacting.compact(KEY)
+    assert result.status == "failed" and result.notice is None and result.error
+    state = rig.state()
+    assert state is not None and state.compaction_failed_at == rig.now[0]
+    assert state.peak_prompt_tokens == THRESHOLD_TOKENS  # still due once the backoff ends
+    assert rig.window() == window
+    assert rig.compacted == []  # no window moved: nothing for the actor to reload
+    sent = len(model_server.requests)
+
+    rig.now[0] += 59_999
+    assert compacting.compact(KEY).reason == "failure_backoff"
+    # the backoff is SQLite's, not this object's: a restarted process honours it too
+    assert rig.compacting().compact(KEY).reason == "failure_backoff"
+    assert len(model_server.requests) == sent
+
+    rig.now[0] += 1
+    model_server.reply("A summary after the backoff.")
+    assert compacting.compact(KEY).notice == NOTICE
+    state = rig.state()
+    assert state is not None and state.compaction_failed_at is None
+    assert rig.window()[0].content == "A summary after the backoff."
+
+
+def test_k3_an_empty_summary_is_a_failure_that_changes_no_window(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    rig.fill(30)
+    rig.append("assistant", "last", peak=THRESHOLD_TOKENS)
+    window = rig.window()
+    model_server.reply("   ")
+    result = compacting.compact(KEY)
+    assert result.status == "failed" and "empty summary" in (result.error or "")
+    assert rig.window() == window
+    assert rig.state().compaction_failed_at == rig.now[0]  # type: ignore[union-attr]
+
+
+def test_k4_the_failure_backoff_does_not_hold_back_a_forced_compaction(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    rig.fill(30)
+    rig.append("assistant", "last", peak=THRESHOLD_TOKENS)
+    model_server.fail(500)
+    assert compacting.compact(KEY).status == "failed"
+    assert compacting.compact(KEY).reason == "failure_backoff"
+    model_server.reply("A summary.")
+    assert compacting.compact(KEY, force=True).status == "compacted"
+    assert rig.window()[0].kind == "checkpoint"
+
+
+def test_k2_disabled_compaction_never_compacts_unless_forced(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting(enabled=False)
+    rig.fill(30)
+    rig.append("assistant", "far over the threshold", peak=WINDOW)
+    assert compacting.compact(KEY).reason == "disabled"
+    assert model_server.requests == []
+    assert rig.window()[0].kind == "chat"
+
+    model_server.reply("A summary on request.")
+    assert compacting.compact(KEY, force=True).status == "compacted"
+    assert len(model_server.requests) == 1
+    window = rig.window()
+    assert window[0].content == "A summary on request."
+    assert window_tokens(window) <= BUDGET
+
+
+def test_k1_a_model_without_a_known_context_window_is_never_compacted(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting(primary="openai/fermix-no-such-model", context_window=None)
+    assert compacting.context_window() is None
+    rig.fill(30)
+    rig.append("assistant", "last", peak=1_000_000)
+    assert compacting.compact(KEY).reason == "unknown_context_window"
+    assert compacting.compact(KEY, force=True).reason == "unknown_context_window"
+    assert model_server.requests == []
+
+
+def test_k1_a_forced_compaction_of_a_window_that_fits_has_nothing_to_summarize(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    assert compacting.context_window() == WINDOW
+    rig.fill(2)
+    result = compacting.compact(KEY, force=True)
+    assert (result.status, result.reason) == ("skipped", "nothing_to_summarize")
+    assert model_server.requests == [] and rig.window()[0].kind == "chat"
+
+
+def test_k1_a_second_compaction_never_brings_the_old_checkpoint_back_as_a_message(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    compacting = rig.compacting()
+    rig.fill(30)
+    model_server.reply("First summary.")
+    assert compacting.compact(KEY, force=True).status == "compacted"
+    first = rig.window()
+    rig.fill(4, start=30)
+    model_server.reply("Second summary.")
+    assert compacting.compact(KEY, force=True).status == "compacted"
+
+    window = rig.window()
+    assert [m.kind for m in window].count("checkpoint") == 1
+    assert window[0].content == "Second summary."
+    assert first[0].id not in {m.id for m in window}
+    # the second summary was asked of the first one, not of messages it already covers
+    second_prompt = model_server.requests[1]["messages"][1]["content"]
+    assert json.loads(second_prompt.splitlines()[0])["text"] == "First summary."
+    # the kept messages are the newest stored ones, in order, with no gap
+    plain = [m for m in rig.stored() if m.kind != "checkpoint"]
+    assert [m.id for m in window[1:]] == [m.id for m in plain[-(len(window) - 1) :]]
+    assert window_tokens(window) <= BUDGET
+
+
+def test_k4_clearing_the_window_moves_only_the_window(rig: Rig, model_server: ModelServer) -> None:
+    compacting = rig.compacting()
+    rig.fill(30)
+    rig.append("assistant", "last", peak=THRESHOLD_TOKENS)
+    model_server.reply("A summary.")
+    assert compacting.compact(KEY).status == "compacted"
+    stored = rig.stored()
+
+    after = compacting.clear_window(KEY)
+    assert after == stored[-1].id
+    assert rig.window() == []
+    state = rig.state()
+    assert state is not None
+    assert (state.window_after_id, state.checkpoint_message_id) == (after, None)
+    assert state.peak_prompt_tokens is None
+    assert rig.stored() == stored  # every message stays, the checkpoint too
+    assert rig.compacted[-1] == (KEY, state)
+    fresh = rig.append("user", "a fresh start")
+    assert rig.window() == [fresh]
+
+
+# -- the Compactor actor: one attempt at a time, storage failures as failed results ------
+
+
+def test_a5_the_compactor_runs_its_use_case_and_answers_with_the_result(
+    rig: Rig, model_server: ModelServer
+) -> None:
+    rig.fill(30)
+    model_server.reply("A summary.")
+    compactor = Compactor.start(rig.compacting())
+    try:
+        forced = compactor.ask(Compact(KEY, force=True))
+        again = compactor.ask(Compact(KEY))
+    finally:
+        compactor.stop()
+    assert isinstance(forced, CompactionResult) and forced.status == "compacted"
+    assert again == CompactionResult(KEY, "skipped", reason="cold")
+
+
+def test_a5_a_storage_failure_is_a_failed_result_and_the_compactor_runs_on(
+    tmp_path: Path, model_server: ModelServer
+) -> None:
+    rig = Rig(tmp_path, model_server, vfs=_faulty.vfs_name)
+    try:
+        rig.fill(30)
+        window = rig.window()
+        model_server.reply("A summary that is never stored.")
+        compactor = Compactor.start(rig.compacting())
+        try:
+            _faulty.plan.fail("write", times=None, suffix="-wal")
+            failed = compactor.ask(Compact(KEY, force=True), block=True)
+            _faulty.plan.clear()
+            assert compactor.is_alive()
+            assert rig.window() == window  # nothing of the checkpoint's transaction was kept
+            model_server.reply("A summary.")
+            stored = compactor.ask(Compact(KEY, force=True), block=True)
+        finally:
+            _faulty.plan.clear()
+            compactor.stop()
+        assert failed.status == "failed" and "injected write fault" in (failed.error or "")
+        assert stored.status == "compacted"
+        assert rig.window()[0].content == "A summary."
+    finally:
+        rig.db.close()
+
+
+# -- through a running Memory: preflight, after delivery, /compact (K3, K4, K5) ----------
+
+
 @pytest.fixture
 def running(home: Path, model_server: ModelServer) -> Iterator[Memory]:
     """A running Memory whose model route is the loopback server."""
+    from fermix import Memory
+
     with Memory(home, config=config_for(model_server)) as memory:
         yield memory
 
 
-@pytest.fixture
-def compacted(running: Memory) -> threading.Event:
-    """Set once a compaction has committed and the conversation actor was told to reload."""
-    event = threading.Event()
-    ctx = running.compaction_context
-    reload_window = ctx.on_compacted
-
-    def on_compacted(key: ConversationKey) -> None:
-        reload_window(key)
-        event.set()
-
-    ctx.on_compacted = on_compacted
-    return event
-
-
-def fill(conv: Conversation, turns: int, *, start: int = 0) -> list[Message]:
+def fill(conv: Conversation, turns: int) -> list[Message]:
     """Append ``turns`` user/assistant pairs, each with a searchable marker word."""
     stored = []
-    for i in range(start, start + turns):
+    for i in range(turns):
         stored.append(
             conv.append_user(f"marker{i:03d}u I keep asking about the harbour in Porto, {i}.")
         )
@@ -264,19 +645,6 @@ def fill(conv: Conversation, turns: int, *, start: int = 0) -> list[Message]:
             conv.append_assistant(f"marker{i:03d}a The harbour in Porto is busy in May, {i}.")
         )
     return stored
-
-
-def stored_messages(home: Path, key: ConversationKey) -> list[Message]:
-    conn = open_database(home / "memory.db")
-    try:
-        return messages.conversation(conn, key)
-    finally:
-        conn.close()
-
-
-def window_tokens(window: list[Message]) -> int:
-    """The window's tokens by tiktoken, each message with its framing."""
-    return sum(count_tokens(m.content, MODEL) + MESSAGE_OVERHEAD for m in window)
 
 
 def test_k3_preflight_on_a_cold_conversation_returns_none_without_calling_the_model(
@@ -303,81 +671,24 @@ def test_k3_preflight_under_the_threshold_returns_none_without_calling_the_model
     assert model_server.requests == []
 
 
-def test_k3_preflight_over_the_recorded_peak_compacts_and_sends_the_notice_once(
+def test_k3_k5_preflight_over_the_peak_compacts_notices_once_and_recall_finds_the_old(
     running: Memory, model_server: ModelServer
 ) -> None:
     conv = running.conversation("agent", "cli", "1", owner_id="alice")
-    fill(conv, 30)
+    originals = fill(conv, 30)
     # the previous turn's peak, recorded by a host that stopped before post-delivery work
     conv.append("assistant", "the last reply", peak_prompt_tokens=THRESHOLD_TOKENS)
     model_server.reply("The user asked about the harbour in Porto many times.")
     assert conv.preflight() == NOTICE
     assert len(model_server.requests) == 1
-    assert conv.history()[0].kind == "checkpoint"
+    window = conv.history()
+    assert window[0].kind == "checkpoint"
     assert conv.state().peak_prompt_tokens is None  # type: ignore[union-attr]
     assert conv.preflight() is None  # the peak was used up: no second notice
     assert len(model_server.requests) == 1
-
-
-def test_k1_k3_a_turn_over_the_threshold_compacts_after_delivery_in_the_background(
-    running: Memory, model_server: ModelServer, compacted: threading.Event
-) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
-    fill(conv, 30)
-    conv.append_user("marker900u one more question")
-    conv.commit("an answer under the threshold", usage={"prompt_tokens": THRESHOLD_TOKENS - 1})
-    # a compaction asked for now queues behind the post-delivery one of that turn
-    assert running.compact(conv).reason == "under_threshold"
-    assert model_server.requests == []
-
-    model_server.reply("The user asked about the harbour in Porto many times.")
-    conv.append_user("marker901u and another")
-    conv.commit("an answer at the threshold", usage={"prompt_tokens": THRESHOLD_TOKENS})
-    assert model_server.wait_for_requests(1, timeout=5)
-    assert compacted.wait(5)
-    window = conv.history()
-    assert window[0].kind == "checkpoint"
-    assert window[-1].content == "an answer at the threshold"
-    assert window_tokens(window) <= BUDGET
-    assert conv.preflight() is None  # the background compaction used the peak up
-    assert len(model_server.requests) == 1
-
-
-def test_k1_k5_the_compacted_window_is_the_checkpoint_and_kept_messages_under_the_budget(
-    running: Memory, model_server: ModelServer, home: Path
-) -> None:
-    assert uses_tiktoken(MODEL)  # the budget below is counted by tiktoken, not estimated
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
-    originals = fill(conv, 30)
-    originals.append(conv.append("assistant", "last", peak_prompt_tokens=1_900))
-    assert window_tokens(conv.history()) > BUDGET
-    # a summary far longer than the room it has: fermix cuts it to fit
-    model_server.reply("Summary: the user asked about the harbour in Porto. " * 300)
-    assert conv.preflight() == NOTICE
-
-    window = conv.history()
-    state = conv.state()
-    assert state is not None and state.checkpoint_message_id == window[0].id
-    checkpoint, kept = window[0], window[1:]
-    assert (checkpoint.kind, checkpoint.sender) == ("checkpoint", "compactor")
-    assert all(m.kind != "checkpoint" for m in kept)
-    assert kept and [m.id for m in kept] == [m.id for m in originals[-len(kept) :]]
-    assert window_tokens(window) <= BUDGET
-    summarized = originals[: -len(kept)]
-    assert checkpoint.metadata["summarized_from_id"] == summarized[0].id
-    assert checkpoint.metadata["summarized_to_id"] == summarized[-1].id
-    assert state.window_after_id == summarized[-1].id
-    with running.readers.connection() as conn:
-        assert conversations.window(conn, conv.key) == window  # the cache is SQLite's window
-
-    # K5: every original message is still stored, and found by history search and recall
-    stored = {m.id: m for m in stored_messages(home, conv.key)}
-    assert all(stored[m.id] == m for m in originals)
+    # K5: the memory_recall tool still finds a message the checkpoint replaced
     oldest = originals[0]
     assert oldest.id not in {m.id for m in window}
-    with running.readers.connection() as conn:
-        hits = messages.search(conn, "marker000u", key=conv.key)
-    assert oldest.id in [h.message.id for h in hits]
     call = {
         "id": "call_1",
         "type": "function",
@@ -390,69 +701,30 @@ def test_k1_k5_the_compacted_window_is_the_checkpoint_and_kept_messages_under_th
     assert oldest.id in [h["id"] for h in recalled["history"]]
 
 
-def test_k2_the_summary_request_carries_the_configured_reasoning_effort(
+def test_k1_k3_a_turn_over_the_threshold_compacts_after_delivery_in_the_background(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
-    originals = fill(conv, 30)
-    conv.append("assistant", "last", peak_prompt_tokens=THRESHOLD_TOKENS)
-    model_server.reply("A summary.")
-    assert conv.preflight() == NOTICE
-    (request,) = model_server.requests
-    # litellm passes reasoning_effort on for openai/test (it is dropped only for a model
-    # litellm knows lacks it); the configured "high", not the default "medium"
-    assert request["reasoning_effort"] == "high"
-    system, user = request["messages"]
-    assert system == {"role": "system", "content": SUMMARY_PROMPT}
-    lines = [json.loads(line) for line in user["content"].splitlines()]
-    assert lines[0] == {"role": "user", "kind": "chat", "text": originals[0].content}
-    assert 1 <= request["max_tokens"] <= BUDGET
-
-
-def test_k3_a_failed_compaction_backs_off_60_s_then_runs_again(
-    running: Memory, model_server: ModelServer
-) -> None:
-    now = [1_800_000_000_000]
-    running.compaction_context.clock = lambda: now[0]
     conv = running.conversation("agent", "cli", "1", owner_id="alice")
     fill(conv, 30)
-    conv.append("assistant", "last", peak_prompt_tokens=THRESHOLD_TOKENS)
+    conv.append_user("marker900u one more question")
+    conv.commit("an answer under the threshold", usage={"prompt_tokens": THRESHOLD_TOKENS - 1})
+    # a compaction asked for now queues behind the post-delivery one of that turn
+    assert running.compact(conv).reason == "under_threshold"
+    assert model_server.requests == []
+
+    model_server.reply("The user asked about the harbour in Porto many times.")
+    conv.append_user("marker901u and another")
+    conv.commit("an answer at the threshold", usage={"prompt_tokens": THRESHOLD_TOKENS})
+    # queued behind the background compaction, which used the peak up and (before it
+    # answered) told the conversation actor to reload its window
+    assert running.compact(conv).reason == "cold"
+    assert len(model_server.requests) == 1
     window = conv.history()
-    model_server.fail(500)
-
-    result = running.compact(conv)
-    assert result.status == "failed" and result.notice is None
-    state = conv.state()
-    assert state is not None and state.compaction_failed_at == now[0]
-    assert state.peak_prompt_tokens == THRESHOLD_TOKENS  # still due once the backoff ends
-    assert conv.history() == window
-    sent = len(model_server.requests)
-
-    now[0] += 59_999
-    assert running.compact(conv).reason == "failure_backoff"
+    assert window[0].kind == "checkpoint"
+    assert window[-1].content == "an answer at the threshold"
+    assert window_tokens(window) <= BUDGET
     assert conv.preflight() is None
-    assert len(model_server.requests) == sent
-
-    now[0] += 1
-    model_server.reply("A summary after the backoff.")
-    assert conv.preflight() == NOTICE
-    state = conv.state()
-    assert state is not None and state.compaction_failed_at is None
-    assert conv.history()[0].content == "A summary after the backoff."
-
-
-def test_k3_an_empty_summary_is_a_failure_that_changes_no_window(
-    running: Memory, model_server: ModelServer
-) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
-    fill(conv, 30)
-    conv.append("assistant", "last", peak_prompt_tokens=THRESHOLD_TOKENS)
-    window = conv.history()
-    model_server.reply("   ")
-    result = running.compact(conv)
-    assert result.status == "failed" and "empty summary" in (result.error or "")
-    assert conv.history() == window
-    assert conv.state().compaction_failed_at is not None  # type: ignore[union-attr]
+    assert len(model_server.requests) == 1
 
 
 def test_k4_the_failure_backoff_does_not_hold_back_slash_compact(
@@ -469,9 +741,11 @@ def test_k4_the_failure_backoff_does_not_hold_back_slash_compact(
     assert conv.history()[0].kind == "checkpoint"
 
 
-def test_k2_disabled_compaction_never_compacts_automatically_but_slash_compact_works(
+def test_k2_disabled_compaction_never_compacts_after_delivery_but_slash_compact_works(
     home: Path, model_server: ModelServer
 ) -> None:
+    from fermix import Memory
+
     with Memory(home, config=config_for(model_server, enabled=False)) as memory:
         conv = memory.conversation("agent", "cli", "1", owner_id="alice")
         fill(conv, 30)
@@ -487,31 +761,4 @@ def test_k2_disabled_compaction_never_compacts_automatically_but_slash_compact_w
         reply = conv.handle_command("/compact")
         assert reply is not None and reply.startswith("Compacted ")
         assert len(model_server.requests) == 1
-        window = conv.history()
-        assert window[0].content == "A summary on request."
-        assert window_tokens(window) <= BUDGET
-
-
-def test_k1_a_second_compaction_never_brings_the_old_checkpoint_back_as_a_message(
-    running: Memory, model_server: ModelServer, home: Path
-) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
-    fill(conv, 30)
-    model_server.reply("First summary.")
-    assert (conv.handle_command("/compact") or "").startswith("Compacted ")
-    first = conv.history()
-    fill(conv, 4, start=30)
-    model_server.reply("Second summary.")
-    assert (conv.handle_command("/compact") or "").startswith("Compacted ")
-
-    window = conv.history()
-    assert [m.kind for m in window].count("checkpoint") == 1
-    assert window[0].content == "Second summary."
-    assert first[0].id not in {m.id for m in window}
-    # the second summary was asked of the first one, not of messages it already covers
-    second_prompt = model_server.requests[1]["messages"][1]["content"]
-    assert json.loads(second_prompt.splitlines()[0])["text"] == "First summary."
-    # the kept messages are the newest stored ones, in order, with no gap
-    plain = [m for m in stored_messages(home, conv.key) if m.kind != "checkpoint"]
-    assert [m.id for m in window[1:]] == [m.id for m in plain[-(len(window) - 1) :]]
-    assert window_tokens(window) <= BUDGET
+        assert conv.history()[0].content == "A summary on request."

@@ -1,8 +1,11 @@
 """``fermix doctor``: a healthy home passes; homes broken on purpose fail with the right
-hint, and ``--fix`` repairs them (S1, S2, S4, S5, C5, E2)."""
+hint, and ``--fix`` repairs them (S1, S2, S4, S5, C5, E2); an operator's rollback is kept
+(P2); the checks run quick by default, in full with ``--full``, and name themselves on a
+terminal."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -13,15 +16,26 @@ import apsw
 import pytest
 from model_server import ModelServer
 
-from fermix import doctor
 from fermix.cli import EXIT_FAILURE, main
+from fermix.cli.doctor_checks import diagnosis as doctor
+from fermix.cli.doctor_checks import outcome
+from fermix.cli.doctor_checks.environment import check_disk, check_model
 from fermix.clock import now_ms
 from fermix.config import Config, ModelConfig
 from fermix.core import categories
+from fermix.errors import StorageError
 from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
-from fermix.runtime import prompt_files
-from fermix.storage import conversations, memories, messages, migrations, open_database
+from fermix.runtime import files
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.storage import (
+    Database,
+    conversations,
+    memories,
+    messages,
+    migrations,
+    open_database,
+)
 from fermix.storage.connection import apply_settings, raw_connect, transaction
 
 AGENT = "assistant"
@@ -63,9 +77,13 @@ def _populate(home: Home, *, conversations_count: int = 1) -> None:
                 value="fermix operator tools",
                 promote_target="memory_md",
             )
-        prompt_files.rebuild_all_for_agent(conn, home, AGENT)
     finally:
         conn.close()
+    db = Database(home.db_path)
+    try:
+        PromptFiles(home, db).rebuild_agent(AGENT)
+    finally:
+        db.close()
 
 
 @pytest.fixture
@@ -84,11 +102,11 @@ def raw(healthy: Home) -> Iterator[apsw.Connection]:
     conn.close()
 
 
-def _by_name(report: doctor.Report) -> dict[str, doctor.Check]:
+def _by_name(report: outcome.Report) -> dict[str, outcome.Check]:
     return {c.name: c for c in report.checks}
 
 
-def _failed(report: doctor.Report) -> list[str]:
+def _failed(report: outcome.Report) -> list[str]:
     return [c.name for c in report.checks if c.status == "fail"]
 
 
@@ -142,14 +160,19 @@ def test_s1_the_text_report_has_one_line_per_check_and_a_verdict(
     ],
     ids=["ghost-row", "missing-row", "damaged-shadow-table"],
 )
+@pytest.mark.parametrize("depth", [[], ["--full"]], ids=["quick", "full"])
 def test_s4_a_corrupted_messages_fts_mirror_fails_with_the_rebuild_hint_and_fix_rebuilds_it(
-    healthy: Home, raw: apsw.Connection, capsys: pytest.CaptureFixture[str], corrupt: str
+    healthy: Home,
+    raw: apsw.Connection,
+    capsys: pytest.CaptureFixture[str],
+    corrupt: str,
+    depth: list[str],
 ) -> None:
     raw.execute(corrupt)
-    assert main(["doctor"]) == EXIT_FAILURE
+    assert main(["doctor", *depth]) == EXIT_FAILURE
     out = capsys.readouterr().out
     assert "fail  messages_fts" in out and "`fermix doctor --fix` rebuilds it" in out
-    check = _by_name(doctor.diagnose(healthy, now=now_ms()))["messages_fts"]
+    check = _by_name(doctor.diagnose(healthy, now=now_ms(), full=bool(depth)))["messages_fts"]
     assert check.status == "fail" and check.fix == "fts"
     assert _fixed_and_passing(healthy) == ["rebuilt messages_fts from its content table"]
 
@@ -180,7 +203,7 @@ def test_s4_damage_to_an_fts_index_alone_only_warns_in_the_integrity_check(
 def test_c5_a_hand_edited_prompt_file_fails_with_the_rerender_hint_and_fix_rerenders_it(
     healthy: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    user_md = prompt_files.prompt_dir(healthy, AGENT) / "USER.md"
+    user_md = files.prompt_dir(healthy, AGENT) / "USER.md"
     rendered = user_md.read_text(encoding="utf-8")
     user_md.write_text(rendered + "- Likes tea (added by hand)\n", encoding="utf-8")
     assert main(["doctor"]) == EXIT_FAILURE
@@ -195,7 +218,7 @@ def test_c5_a_hand_edited_prompt_file_fails_with_the_rerender_hint_and_fix_reren
 def test_c5_a_deleted_prompt_file_of_another_owner_is_found_and_written_again(
     healthy: Home,
 ) -> None:
-    memory_md = prompt_files.prompt_dir(healthy, AGENT, "alice") / "MEMORY.md"
+    memory_md = files.prompt_dir(healthy, AGENT, "alice") / "MEMORY.md"
     memory_md.unlink()
     check = _by_name(doctor.diagnose(healthy, now=now_ms()))["prompt files"]
     assert check.status == "fail"
@@ -240,7 +263,7 @@ def test_s1_every_breakage_at_once_is_fixed_in_one_run(
 ) -> None:
     raw.execute("INSERT INTO messages_fts (rowid, content) VALUES (999, 'ghost')")
     raw.execute("UPDATE conversations SET review_claim_token = 'x', review_claim_expires_at = 1")
-    (prompt_files.prompt_dir(healthy, AGENT) / "MEMORY.md").write_text("edited\n")
+    (files.prompt_dir(healthy, AGENT) / "MEMORY.md").write_text("edited\n")
     assert main(["doctor", "--fix"]) == 0
     out = capsys.readouterr().out
     for done in (
@@ -303,7 +326,9 @@ def test_s2_pending_migrations_warn_and_fix_applies_them(home: Path) -> None:
         conn.execute("INSERT INTO schema_migrations VALUES (1, ?, 0)", (first.name,))
         conn.execute("PRAGMA user_version = 1")
     conn.close()
+    before = h.db_path.read_bytes()
     checks = _by_name(doctor.diagnose(h, now=now_ms()))
+    assert h.db_path.read_bytes() == before  # only --fix migrates
     latest = migrations.latest_version()
     assert checks["database"].status == "warn"
     assert (
@@ -352,9 +377,9 @@ def test_e8_a_config_that_does_not_load_fails_naming_the_key(healthy: Home) -> N
 
 def test_s1_disk_space_warns_under_one_gibibyte_or_five_percent(home: Path) -> None:
     gib = 1 << 30
-    assert doctor.check_disk(Home(home), lambda _: (100 * gib, 0, 50 * gib)).status == "pass"
-    assert doctor.check_disk(Home(home), lambda _: (2 * gib, 0, gib // 2)).status == "warn"
-    assert doctor.check_disk(Home(home), lambda _: (1000 * gib, 0, 40 * gib)).status == "warn"
+    assert check_disk(Home(home), lambda _: (100 * gib, 0, 50 * gib)).status == "pass"
+    assert check_disk(Home(home), lambda _: (2 * gib, 0, gib // 2)).status == "warn"
+    assert check_disk(Home(home), lambda _: (1000 * gib, 0, 40 * gib)).status == "warn"
 
 
 def test_e4_doctor_never_imports_litellm_without_model_check(healthy: Home) -> None:
@@ -369,7 +394,7 @@ def test_e4_doctor_never_imports_litellm_without_model_check(healthy: Home) -> N
 def test_e4_model_check_reaches_the_configured_route(model_server: ModelServer) -> None:
     model_server.reply("OK")
     route = ModelConfig(primary="openai/tiny", api_base=model_server.url)
-    check = doctor.check_model(Config(model=route))
+    check = check_model(Config(model=route))
     assert check.status == "pass" and check.summary.startswith("openai/tiny answered in")
     assert model_server.requests[0]["max_tokens"] == 5
 
@@ -378,10 +403,191 @@ def test_e4_model_check_fails_with_a_hint_when_the_route_refuses(
     model_server: ModelServer,
 ) -> None:
     model_server.fail(404)
-    check = doctor.check_model(Config(model=ModelConfig(primary="m", api_base=model_server.url)))
+    check = check_model(Config(model=ModelConfig(primary="m", api_base=model_server.url)))
     assert check.status == "fail" and "api_key_env" in check.hint
 
 
 def test_e4_model_check_without_a_model_configured_warns() -> None:
-    check = doctor.check_model(Config())
+    check = check_model(Config())
     assert check.status == "warn" and "fermix setup" in check.hint
+
+
+# -- an operator's rollback is no damage (P2) ------------------------------------------
+
+
+def _roll_back_user_md(home: Home) -> str:
+    """Change the default owner's coffee row, rebuild, then roll USER.md back to its first
+    revision, as ``fermix resource rollback user_md 1`` does; return that revision's text."""
+    db = Database(home.db_path)
+    try:
+        files_ = PromptFiles(home, db)
+        with db.read() as reads:
+            first = reads.current_revision(AGENT, "user_md")
+        assert first is not None and first.revision == 1
+        db.write(
+            lambda w: w.upsert_row(
+                agent_id=AGENT,
+                owner_id="",
+                scope=categories.owner_scope(""),
+                category="preference",
+                key="coffee",
+                value="ristretto (default)",
+                promote_target="user_md",
+            ),
+            label="test",
+        )
+        files_.rebuild(AGENT)
+        files_.rollback(AGENT, "user_md", first.revision)
+    finally:
+        db.close()
+    return first.content
+
+
+def _current_user_md(home: Home) -> tuple[str, str]:
+    db = Database.inspect(home.db_path)
+    try:
+        with db.read() as reads:
+            current = reads.current_revision(AGENT, "user_md")
+    finally:
+        db.close()
+    assert current is not None
+    return current.content, current.reason
+
+
+def test_p2_s1_doctor_after_a_rollback_passes(
+    healthy: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _roll_back_user_md(healthy)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "pass  prompt files   4 prompt file(s) match their rows (1 rolled back" in out
+
+
+def test_p2_s1_doctor_fix_keeps_the_rollback(
+    healthy: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rolled_back = _roll_back_user_md(healthy)
+    user_md = files.prompt_dir(healthy, AGENT) / "USER.md"
+    assert main(["doctor", "--fix"]) == 0
+    assert "fixed" not in capsys.readouterr().out
+    assert user_md.read_text(encoding="utf-8") == rolled_back
+    assert "ristretto" not in rolled_back
+    assert _current_user_md(healthy) == (rolled_back, "rollback:1")
+
+
+def test_p2_c5_a_rolled_back_file_edited_by_hand_is_stale_and_fix_renders_the_rows(
+    healthy: Home,
+) -> None:
+    _roll_back_user_md(healthy)
+    user_md = files.prompt_dir(healthy, AGENT) / "USER.md"
+    user_md.write_text("- edited by hand\n", encoding="utf-8")
+    check = _by_name(doctor.diagnose(healthy, now=now_ms()))["prompt files"]
+    assert check.status == "fail"
+    assert [d["state"] for d in check.details] == ["differs from its rows"]
+    assert _fixed_and_passing(healthy) == ["re-rendered 1 prompt file(s)"]
+    assert "ristretto" in user_md.read_text(encoding="utf-8")
+
+
+# -- quick by default, thorough with --full (S1, S4) -----------------------------------
+
+
+def test_s1_the_database_checks_are_quick_by_default_and_thorough_with_full(
+    healthy: Home,
+) -> None:
+    quick = _by_name(doctor.diagnose(healthy, now=now_ms()))["integrity"]
+    full = _by_name(doctor.diagnose(healthy, now=now_ms(), full=True))["integrity"]
+    assert quick.status == full.status == "pass"
+    assert quick.summary.startswith("quick_check: ok") and "--full" in quick.summary
+    assert full.summary == "integrity_check: ok"
+
+
+def test_s4_terms_that_drifted_from_their_content_row_are_found_by_the_full_check(
+    healthy: Home, raw: apsw.Connection
+) -> None:
+    """Only a writer that bypasses the triggers can do this; the quick check, which compares
+    rowids and the index's structure, does not read every row's terms (the trade-off)."""
+    raw.execute("DROP TRIGGER messages_au")
+    raw.execute("UPDATE messages SET content = 'I drink green tea' WHERE id = 1")
+    assert _by_name(doctor.diagnose(healthy, now=now_ms()))["messages_fts"].status == "pass"
+    full = _by_name(doctor.diagnose(healthy, now=now_ms(), full=True))["messages_fts"]
+    assert full.status == "fail" and full.fix == "fts"
+    report = doctor.diagnose(healthy, now=now_ms(), fix=True, full=True)
+    assert report.fixed == ["rebuilt messages_fts from its content table"]
+    assert _failed(report) == []
+
+
+def test_s1_an_inspection_neither_creates_nor_writes_the_database(home: Path) -> None:
+    path = home / "memory.db"
+    with pytest.raises(StorageError):
+        Database.inspect(path)
+    assert not path.exists()
+    open_database(path).close()
+    db = Database.inspect(path)
+    try:
+        with pytest.raises(StorageError, match="inspection only"):
+            db.write(lambda w: w.release_expired_claims(now=0), label="release")
+    finally:
+        db.close()
+
+
+# -- what the operator sees while it runs (S1) -----------------------------------------
+
+
+class _Terminal(io.StringIO):
+    """A standard error that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _on_terminal(monkeypatch: pytest.MonkeyPatch) -> _Terminal:
+    """Make standard error a terminal, in the test's body (capsys replaces it after setup)."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    err = _Terminal()
+    monkeypatch.setattr(sys, "stderr", err)
+    return err
+
+
+def test_s1_on_a_terminal_standard_error_names_each_check_as_it_starts(
+    healthy: Home, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    terminal = _on_terminal(monkeypatch)
+    assert main(["doctor"]) == 0
+    shown = terminal.getvalue()
+    for step in (
+        "checking database",
+        "checking integrity (quick_check)",
+        "checking messages_fts",
+        "checking prompt files",
+        "checking review gates",
+    ):
+        assert f"fermix doctor: {step}..." in shown
+    assert "checking" not in capsys.readouterr().out
+
+
+def test_s1_json_output_and_a_standard_error_that_is_no_terminal_show_no_progress(
+    healthy: Home, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    terminal = _on_terminal(monkeypatch)
+    assert main(["doctor", "--json"]) == 0
+    assert terminal.getvalue() == ""
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    sys.stderr = io.StringIO()  # not a terminal (monkeypatch restores it)
+    assert main(["doctor"]) == 0
+    assert sys.stderr.getvalue() == ""
+
+
+def test_s1_a_chat_id_like_100_is_shown_as_written_not_as_an_emoji(
+    healthy: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conn = open_database(healthy.db_path)
+    try:
+        with transaction(conn):
+            key = ConversationKey(AGENT, "telegram", "100")
+            conversations.touch(conn, key, owner_id="", trust="operator")
+            messages.insert(conn, NewMessage(key, "user", "hello"))
+    finally:
+        conn.close()
+    assert main(["doctor"]) == 0
+    assert "assistant/telegram:100: 1 pending" in capsys.readouterr().out

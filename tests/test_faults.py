@@ -1,21 +1,29 @@
-"""Injected faults at every write path, and crashes in every actor kind (S1, S2, A1, A3, A6,
-E6, P2, H3).
+"""Injected faults at every write path, and crashes in every actor kind (S1, S2, A1, A6, C5,
+E6, P2, T1, H3).
 
 ``tests/faults.py``'s VFS makes chosen writes, syncs and locks of the database files fail:
 an I/O error (``apsw.IOError``), a full disk (``apsw.FullError``) or a lock held elsewhere
-(``apsw.BusyError``). At each write path (an append, a review's memory apply, the prompt
-file rebuild that records a revision, a migration) a transient fault (one or two failures)
-must be absorbed, and a persistent one must reach the caller as a typed
-:class:`~fermix.errors.FermixError`, never as a raw apsw error or a crash of the tree. In
-every case the database, the caches (a conversation's window, the Store's rows) and the
-prompt files agree afterwards. Then every actor kind is crashed: the supervisor restores
-service, and past the restart intensity the tree gives up as designed.
+(``apsw.BusyError``). At each write path (an append, a memory tool's write, a review's
+memory apply, the prompt-file rebuild that records a revision, a migration) a transient
+fault (one or two failures) must be absorbed, and a persistent one must reach the caller as
+a typed :class:`~fermix.errors.FermixError`, never as a raw apsw error or a crash of the
+tree. In every case the database, the conversation windows and the prompt files agree
+afterwards, and a prompt file is never left behind its current revision by a database
+fault. A rebuild whose file write fails leaves its rows (and revision) committed, and the
+writer's repair renders the files later. Then every actor kind is crashed: the supervisor
+restores service, and past the restart intensity the tree gives up as designed.
+
+Faults reach the code under test only through constructor seams: ``Memory(vfs=...)`` and
+``Database(path, vfs=...)``, a database file whose lock another connection holds, a prompt
+file's path taken by a directory, the model server's request hook (the moment a review
+waits for its answer, between its claim and its apply) and the clock a Memory is given.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,16 +33,14 @@ from typing import Any
 import apsw
 import pytest
 from faults import FaultVFS
-from model_server import ModelServer
+from model_server import ModelServer, Step
 
-from fermix import doctor, model
-from fermix.actors.registry import child_id
-from fermix.actors.reviewer import CLAIM_TTL_MS
+from fermix import model
 from fermix.api import Conversation, Memory
 from fermix.clock import now_ms
 from fermix.config import Config, MemoryConfig, ModelConfig
 from fermix.core import categories
-from fermix.core import review as review_rules
+from fermix.core.review import CLAIM_TTL_MS, Skip
 from fermix.errors import (
     ActorUnavailableError,
     FermixError,
@@ -43,11 +49,15 @@ from fermix.errors import (
     WriteFailedError,
 )
 from fermix.home import Home
-from fermix.model import Scope
-from fermix.runtime import prompt_files, repair
-from fermix.storage import connection, conversations, memories, messages, migrations
+from fermix.model import MemoryRow
+from fermix.runtime import files
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.registry import child_id
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Writes, connection, migrations
 from fermix.storage import open_database as open_db
 from fermix.storage.connection import fetch_rows, fetch_value, raw_connect
+from fermix.storage.health import FTS_TABLES
 
 _vfs = FaultVFS("fermix-faulty-faults")
 VFS = _vfs.vfs_name
@@ -141,6 +151,51 @@ def fault(request: pytest.FixtureRequest, home: Path) -> Iterator[Fault]:
     injected.close()
 
 
+@pytest.fixture(params=["io-error", "disk-full"])
+def disk_fault(request: pytest.FixtureRequest, home: Path) -> Iterator[Fault]:
+    """The faults of one connection's disk writes only (a held lock stops every writer)."""
+    injected = Fault(request.param, home / "memory.db")
+    yield injected
+    injected.close()
+
+
+class Clock:
+    """Epoch milliseconds, which a test moves forward: the ``clock`` a Memory is given."""
+
+    def __init__(self) -> None:
+        self.ahead_ms = 0
+
+    def __call__(self) -> int:
+        return now_ms() + self.ahead_ms
+
+
+class HookedModelServer(ModelServer):
+    """The loopback model server, calling :attr:`on_request` once when a request arrives.
+
+    A review's request arrives after its claim is committed and before its memory apply:
+    a fault armed there hits the apply.
+    """
+
+    on_request: Callable[[], None] | None = None
+
+    def _take(self, body: dict[str, Any], headers: dict[str, str]) -> Step:
+        step = super()._take(body, headers)
+        hook, self.on_request = self.on_request, None
+        if hook is not None:
+            hook()
+        return step
+
+
+@pytest.fixture
+def model_server() -> Iterator[HookedModelServer]:
+    server = HookedModelServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def config_for(server: ModelServer) -> Config:
     """The loopback model route; background review off, so only explicit reviews run."""
     return Config(
@@ -157,78 +212,93 @@ def add(category: str, key: str, value: str) -> dict[str, Any]:
     return {"op": "add", "category": category, "key": key, "value": value}
 
 
-def arm_when(
-    monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, fault: Fault, times: int | None
-) -> list[int]:
-    """Arm ``fault`` the first time ``owner.name`` is called (a seam between two steps of a
-    write path); returns a list that records the arming."""
-    original: Callable[..., Any] = getattr(owner, name)
-    armed: list[int] = []
+def fact(
+    value: str,
+    *,
+    owner_id: str = "ana",
+    category: str = "identity",
+    key: str = "city",
+) -> Callable[[Writes], list[MemoryRow]]:
+    """A write unit storing one of ``owner_id``'s facts where the reviewer would (SC2)."""
+    scope, row_owner = categories.reviewer_scope(
+        category, agent_id="agent", owner_id=owner_id, trust="guest" if owner_id else "operator"
+    )
 
-    def arming(*args: Any, **kwargs: Any) -> Any:
-        if not armed:
-            armed.append(1)
-            fault.arm(times)
-        return original(*args, **kwargs)
+    def unit(writes: Writes) -> list[MemoryRow]:
+        return [
+            writes.upsert_row(
+                agent_id="agent",
+                owner_id=row_owner,
+                scope=scope,
+                category=category,
+                key=key,
+                value=value,
+                promote_target=model.TARGET_OF[category],
+            )
+        ]
 
-    monkeypatch.setattr(owner, name, arming)
-    return armed
+    return unit
 
 
-# -- checking that the database, the caches and the files agree -------------------------
+# -- checking that the database, the windows and the files agree --------------------------
 
 
-def assert_consistent(memory: Memory, home: Path, *convs: Conversation) -> None:
-    """Database, conversation windows, the Store's rows and the prompt files agree."""
-    conn = open_db(home / "memory.db")
+def user_md(home: Path, owner_id: str = "ana") -> str:
+    """USER.md of agent ``agent`` for ``owner_id`` as it is on disk (``""`` when missing)."""
+    path = files.file_path(Home(home), "agent", "user_md", owner_id)
+    return path.read_text("utf-8") if path.exists() else ""
+
+
+def current_user_md(db: Database, owner_id: str = "ana") -> model.Revision | None:
+    with db.read() as reads:
+        return reads.current_revision("agent", "user_md", owner_id=owner_id)
+
+
+def assert_consistent(home: Path, *convs: Conversation) -> None:
+    """Database, conversation windows and prompt files agree (S1): each file is its current
+    revision, and no file or revision lags its rows."""
+    db = Database(home / "memory.db")
     try:
-        for conv in convs:
-            stored = [m.content for m in conversations.window(conn, conv.key)]
-            assert [m.content for m in conv.history()] == stored
-            contents = [m.content for m in messages.conversation(conn, conv.key)]
-            assert len(contents) == len(set(contents)), "a message was stored twice"
-        rows = memories.list_rows(conn, archived=None)
-        assert memory.list_rows(archived=None) == rows
-        for row in rows:
-            assert memory.get_row(row.id) == row
-        for table in doctor.FTS_TABLES:
-            conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('integrity-check', 1)")
-        _, stale = doctor.stale_prompt_files(conn, Home(home))
+        with db.read() as reads:
+            for conv in convs:
+                stored = [m.content for m in reads.window(conv.key)]
+                assert [m.content for m in conv.history()] == stored
+                contents = [m.content for m in reads.messages(conv.key)]
+                assert len(contents) == len(set(contents)), "a message was stored twice"
+            for table in FTS_TABLES:
+                assert reads.fts_problem(table, full=True) is None, table
+            current = [
+                (r, reads.current_revision(r.agent_id, r.name, owner_id=r.owner_id))
+                for r in reads.resources()
+            ]
+        for resource, revision in current:
+            path = files.file_path(Home(home), resource.agent_id, resource.name, resource.owner_id)
+            on_disk = path.read_text("utf-8") if path.exists() else ""
+            assert on_disk == ("" if revision is None else revision.content), (
+                f"{path} is not its current revision"
+            )
+        stale = PromptFiles(Home(home), db).stale()
         assert not stale, f"prompt files differ from a fresh render: {stale}"
-        for agent_id, owner_id, name, content in _current_revisions(conn):
-            path = prompt_files.file_path(Home(home), agent_id, name, owner_id)
-            on_disk = path.read_text(encoding="utf-8") if path.exists() else ""
-            assert on_disk == content, f"{path} is not its current revision"
     finally:
-        conn.close()
-
-
-def _current_revisions(conn: apsw.Connection) -> list[tuple[str, str, str, str]]:
-    return [
-        (str(a), str(o), str(n), str(c))
-        for a, o, n, c in fetch_rows(
-            conn,
-            "SELECT s.agent_id, s.owner_id, s.name, r.content FROM resources AS s"
-            " JOIN resource_revisions AS r"
-            " ON r.resource_id = s.id AND r.revision = s.current_revision",
-        )
-    ]
+        db.close()
 
 
 def stored_contents(home: Path, conv: Conversation) -> list[str]:
-    conn = open_db(home / "memory.db")
+    db = Database(home / "memory.db")
     try:
-        return [m.content for m in messages.conversation(conn, conv.key)]
+        with db.read() as reads:
+            return [m.content for m in reads.messages(conv.key)]
     finally:
-        conn.close()
+        db.close()
 
 
 def state_of(home: Path, conv: Conversation) -> model.ConversationState:
-    conn = open_db(home / "memory.db")
+    db = Database(home / "memory.db")
     try:
-        state = conversations.get(conn, conv.key)
+        with db.read() as reads:
+            state = reads.conversation(conv.key)
     finally:
-        conn.close()
+        db.close()
     assert state is not None
     return state
 
@@ -246,7 +316,7 @@ def test_a1_two_faults_on_an_append_are_absorbed_and_it_lands_once(
         conv.append_user("after two faults")
         fault.assert_absorbed()
         assert [m.content for m in conv.history()] == ["before", "after two faults"]
-        assert_consistent(memory, home, conv)
+        assert_consistent(home, conv)
 
 
 def test_a1_h3_a_persistent_fault_on_an_append_is_a_typed_error_and_nothing_is_kept(
@@ -264,10 +334,10 @@ def test_a1_h3_a_persistent_fault_on_an_append_is_a_typed_error_and_nothing_is_k
         assert [m.content for m in conv.history()] == ["kept"]
         conv.append_user("after")
         assert stored_contents(home, conv) == ["kept", "after"]
-        assert_consistent(memory, home, conv)
+        assert_consistent(home, conv)
 
 
-# -- memory writes through the Store (A3, T1) -----------------------------------------------
+# -- memory writes: the tools and the writer (T1, H3) -------------------------------------
 
 
 def _store_call(key: str, value: str) -> dict[str, Any]:
@@ -275,7 +345,7 @@ def _store_call(key: str, value: str) -> dict[str, Any]:
     return {"id": "call_1", "function": {"name": "memory_store", "arguments": arguments}}
 
 
-def test_a3_t1_memory_writes_absorb_two_faults_and_report_a_persistent_one_typed(
+def test_t1_h3_memory_writes_absorb_two_faults_and_report_a_persistent_one_typed(
     home: Path, fault: Fault
 ) -> None:
     with Memory(home, vfs=VFS) as memory:
@@ -283,6 +353,7 @@ def test_a3_t1_memory_writes_absorb_two_faults_and_report_a_persistent_one_typed
         fault.arm(2)
         stored = json.loads(memory.tools.run(_store_call("flight", "Friday"), conv))
         assert stored["stored"]["value"] == "Friday"
+        fault.assert_absorbed()
         assert [r.value for r in memory.list_rows(key="flight")] == ["Friday"]
 
         fault.close()  # a transient lock holder may still hold on
@@ -291,147 +362,245 @@ def test_a3_t1_memory_writes_absorb_two_faults_and_report_a_persistent_one_typed
             # The tool never raises into the host: the failure is its result (T4).
             refused = json.loads(memory.tools.run(_store_call("flight", "Monday"), conv))
             with pytest.raises(WriteFailedError):
-                memory.write(
-                    lambda c: memories.upsert(
-                        c,
-                        agent_id="agent",
-                        owner_id="ana",
-                        scope=Scope("owner", "ana"),
-                        category="goal",
-                        key="marathon",
-                        value="Runs a marathon in May",
-                        promote_target=None,
-                    )
+                memory._runtime.writer.write_rows(
+                    fact("Runs a marathon in May", category="goal", key="marathon"),
+                    label="marathon",
                 )
         finally:
             fault.clear()
         assert "not written" in refused["error"]
         assert [r.value for r in memory.list_rows(key="flight")] == ["Friday"]
         assert memory.list_rows(key="marathon") == []
-        assert_consistent(memory, home, conv)
+        assert_consistent(home, conv)
 
 
 def test_h3_a_units_own_database_error_reaches_its_caller_typed(memory: Memory) -> None:
-    def broken(conn: apsw.Connection) -> None:
-        conn.execute("INSERT INTO memory_changes (id, counter) VALUES (1, 0)")  # taken id
+    conv = memory.conversation("agent", "faults", "1")
+    conv.append_user("hello")
+
+    def broken(writes: Writes) -> None:
+        writes.update_conversation(conv.key, trust="root")  # breaks the trust CHECK
 
     with pytest.raises(WriteFailedError) as caught:
-        memory.write(broken)
+        memory._runtime.writer.write(broken, label="broken")
     assert isinstance(caught.value.__cause__, apsw.ConstraintError)
+    state = conv.state()
+    assert state is not None and state.trust == "operator"  # nothing of the unit was kept
 
 
 # -- the memory apply of a review (E6) ---------------------------------------------------
 
 
 @pytest.fixture
-def reviewing(home: Path, model_server: ModelServer) -> Iterator[Memory]:
-    with Memory(home, config=config_for(model_server), vfs=VFS) as memory:
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def reviewing(home: Path, model_server: HookedModelServer, clock: Clock) -> Iterator[Memory]:
+    with Memory(home, config=config_for(model_server), vfs=VFS, clock=clock) as memory:
         yield memory
 
 
 def test_e6_two_faults_on_a_reviews_apply_are_absorbed(
-    reviewing: Memory,
-    model_server: ModelServer,
-    home: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    fault: Fault,
+    reviewing: Memory, model_server: HookedModelServer, home: Path, fault: Fault
 ) -> None:
     conv = reviewing.conversation("agent", "faults", "1", owner_id="ana")
     conv.append_user("I am Ana and I drink green tea")
     model_server.reply_json(ops(add("preference", "drink", "Drinks green tea")))
-    armed = arm_when(monkeypatch, review_rules, "parse", fault, times=2)
+    model_server.on_request = lambda: fault.arm(2)
     result = reviewing.review(conv)
-    assert armed
+    assert model_server.on_request is None  # armed while the review waited for its answer
     fault.assert_absorbed()
     assert result.status == "applied", result.error
     assert [r.value for r in reviewing.list_rows(key="drink")] == ["Drinks green tea"]
     state = state_of(home, conv)
     assert state.review_claim_token is None and state.last_reviewed_message_id > 0
-    assert "green tea" in prompt_files.read_files(Home(home), "agent", "ana")[0]
-    assert_consistent(reviewing, home, conv)
+    assert "green tea" in user_md(home)
+    assert "green tea" in conv.memory_files()[0]
+    assert_consistent(home, conv)
 
 
 def test_e6_h3_a_persistent_fault_on_a_reviews_apply_fails_the_review_typed_and_writes_nothing(
     reviewing: Memory,
-    model_server: ModelServer,
+    model_server: HookedModelServer,
     home: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    clock: Clock,
     fault: Fault,
 ) -> None:
     conv = reviewing.conversation("agent", "faults", "1", owner_id="ana")
     conv.append_user("I am Ana and I drink green tea")
     model_server.reply_json(ops(add("preference", "drink", "Drinks green tea")))
-    arm_when(monkeypatch, review_rules, "parse", fault, times=None)
+    model_server.on_request = lambda: fault.arm(None)
     try:
         result = reviewing.review(conv)
     finally:
         fault.clear()
+    assert model_server.on_request is None
     assert result.status == "failed"
     assert result.error is not None and "not written" in result.error
     assert reviewing.list_rows(archived=None) == []
-    assert_consistent(reviewing, home, conv)
+    assert_consistent(home, conv)
 
     # The failure could not even be recorded, so the claim is held until it expires: a
     # review after that takes it over and completes (E2).
     state = state_of(home, conv)
     if state.review_claim_token is not None:
         assert state.review_claim_expires_at is not None
-        assert state.review_claim_expires_at <= now_ms() + CLAIM_TTL_MS
-        later = state.review_claim_expires_at
-        reviewing.review_context.clock = lambda: later
+        assert state.review_claim_expires_at <= clock() + CLAIM_TTL_MS
+        clock.ahead_ms = CLAIM_TTL_MS + 1
     model_server.reply_json(ops(add("preference", "drink", "Drinks green tea")))
     again = reviewing.review(conv)
     assert again.status == "applied", again
     assert [r.value for r in reviewing.list_rows(key="drink")] == ["Drinks green tea"]
-    assert_consistent(reviewing, home, conv)
+    assert_consistent(home, conv)
 
 
-# -- the prompt-file rebuild and its revision (C5, P2) -----------------------------------
+# -- the prompt-file rebuild and its revision (C5, P2, S1) ---------------------------------
 
 
-def test_p2_two_faults_on_the_rebuild_are_absorbed_and_file_and_revision_agree(
-    reviewing: Memory,
-    model_server: ModelServer,
-    home: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    fault: Fault,
+def test_p2_two_faults_on_a_rebuilds_revision_are_absorbed_and_file_and_revision_agree(
+    home: Path, fault: Fault
 ) -> None:
-    conv = reviewing.conversation("agent", "faults", "1", owner_id="ana")
-    conv.append_user("I live in Porto")
-    model_server.reply_json(ops(add("identity", "city", "Lives in Porto")))
-    armed = arm_when(monkeypatch, prompt_files, "rebuild_for_rows", fault, times=2)
-    result = reviewing.review(conv)
-    assert armed
-    fault.assert_absorbed()
-    assert result.status == "applied" and result.files_changed, result
-    assert "Porto" in prompt_files.read_files(Home(home), "agent", "ana")[0]
-    assert_consistent(reviewing, home, conv)
-
-
-def test_p2_a_persistent_fault_on_the_rebuild_keeps_the_rows_and_the_next_review_repairs_files(
-    reviewing: Memory,
-    model_server: ModelServer,
-    home: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    fault: Fault,
-) -> None:
-    conv = reviewing.conversation("agent", "faults", "1", owner_id="ana")
-    conv.append_user("I live in Porto")
-    model_server.reply_json(ops(add("identity", "city", "Lives in Porto")))
-    arm_when(monkeypatch, prompt_files, "rebuild_for_rows", fault, times=None)
+    db = Database(home / "memory.db", vfs=VFS)
     try:
-        result = reviewing.review(conv)
+        prompt = PromptFiles(Home(home), db)
+        db.write(fact("Lives in Porto"), label="seed")  # the files lag, as after a crash
+        fault.arm(2)
+        result = prompt.rebuild("agent", "ana")
+        fault.assert_absorbed()
+        assert result.user_md.written and result.user_md.revision is not None
+        revision = current_user_md(db)
+        assert revision is not None and "Porto" in revision.content
+        assert user_md(home) == revision.content
     finally:
-        fault.clear()
+        db.close()
+    assert_consistent(home)
+
+
+def test_p2_h3_a_persistent_fault_on_a_rebuild_is_typed_and_leaves_no_file_behind_its_revision(
+    home: Path, fault: Fault
+) -> None:
+    """The revision is recorded before the file is written: when recording fails, neither
+    moves, so the file is still its (older) current revision; a repair renders both."""
+    db = Database(home / "memory.db", vfs=VFS)
+    try:
+        prompt = PromptFiles(Home(home), db)
+        db.write(fact("Lives in Porto"), label="seed")
+        prompt.rebuild("agent", "ana")
+        db.write(fact("Lives in Lisbon"), label="seed")
+        fault.arm(None)
+        try:
+            with pytest.raises(WriteFailedError):
+                prompt.rebuild("agent", "ana")
+        finally:
+            fault.clear()
+        revision = current_user_md(db)
+        assert revision is not None and revision.revision == 1 and "Porto" in revision.content
+        assert user_md(home) == revision.content
+        assert prompt.stale() == [("agent", "ana")]
+        assert [r.owner_id for r in prompt.repair()] == ["ana"]
+        assert "Lisbon" in user_md(home)
+    finally:
+        db.close()
+    assert_consistent(home)
+
+
+def test_e6_p2_two_faults_on_only_the_rebuild_after_a_memory_write_are_absorbed(
+    home: Path, disk_fault: Fault
+) -> None:
+    """The rows' database writes on a sound disk, the prompt files' on a faulty one."""
+    rows_db = Database(home / "memory.db")
+    files_db = Database(home / "memory.db", vfs=VFS)
+    try:
+        writer = Writer(rows_db, PromptFiles(Home(home), files_db))
+        disk_fault.arm(2)
+        written = writer.write_rows(fact("Lives in Porto"), label="seed", also=[("agent", "ana")])
+        disk_fault.assert_absorbed()
+        assert written.error is None and written.files_changed
+        assert not writer.has_stale_files
+        assert "Porto" in user_md(home)
+    finally:
+        files_db.close()
+        rows_db.close()
+    assert_consistent(home)
+
+
+def test_e6_p2_s1_a_persistent_fault_on_only_the_rebuild_keeps_the_rows_and_a_repair_renders_them(
+    home: Path, disk_fault: Fault
+) -> None:
+    rows_db = Database(home / "memory.db")
+    files_db = Database(home / "memory.db", vfs=VFS)
+    try:
+        writer = Writer(rows_db, PromptFiles(Home(home), files_db))
+        disk_fault.arm(None)
+        try:
+            written = writer.write_rows(
+                fact("Lives in Porto"), label="seed", also=[("agent", "ana")]
+            )
+        finally:
+            disk_fault.clear()
+        # The rows were committed before the rebuild: the write stands, its files lag.
+        assert [r.value for r in written.rows] == ["Lives in Porto"]
+        assert written.error is not None and "prompt files" in written.error
+        assert writer.has_stale_files
+        with rows_db.read() as reads:
+            assert [r.value for r in reads.rows(key="city")] == ["Lives in Porto"]
+        assert current_user_md(rows_db) is None and user_md(home) == ""  # nothing half-done
+        assert writer.repair_files() == 1
+        assert not writer.has_stale_files
+        assert "Porto" in user_md(home)
+    finally:
+        files_db.close()
+        rows_db.close()
+    assert_consistent(home)
+
+
+def test_p2_s1_a_file_that_cannot_be_replaced_fails_the_rebuild_and_a_later_repair_writes_it(
+    home: Path,
+) -> None:
+    """USER.md's path is taken by a directory: the revision is recorded, the file cannot
+    be written. The writer remembers it, a repair while the path is taken changes nothing,
+    and the first repair after it is free writes the revision's content."""
+    path = files.file_path(Home(home), "agent", "user_md", "ana")
+    (path / "in-the-way").mkdir(parents=True)
+    db = Database(home / "memory.db")
+    try:
+        writer = Writer(db, PromptFiles(Home(home), db))
+        written = writer.write_rows(fact("Lives in Porto"), label="seed")
+        assert written.error is not None and "prompt files" in written.error
+        assert writer.has_stale_files
+        revision = current_user_md(db)
+        assert revision is not None and "Porto" in revision.content
+        assert writer.repair_files() == 0 and writer.has_stale_files
+        shutil.rmtree(path)
+        assert writer.repair_files() == 1 and not writer.has_stale_files
+        assert path.read_text("utf-8") == revision.content
+        assert current_user_md(db) == revision  # the repair needed no new revision
+    finally:
+        db.close()
+    assert_consistent(home)
+
+
+def test_p2_a_review_whose_rebuild_fails_keeps_its_rows_and_the_next_review_repairs_the_files(
+    reviewing: Memory, model_server: HookedModelServer, home: Path
+) -> None:
+    conv = reviewing.conversation("agent", "faults", "1", owner_id="ana")
+    conv.append_user("I live in Porto")
+    model_server.reply_json(ops(add("identity", "city", "Lives in Porto")))
+    path = files.file_path(Home(home), "agent", "user_md", "ana")
+    (path / "in-the-way").mkdir(parents=True)
+    result = reviewing.review(conv)
     # The rows were committed before the rebuild: the review applied, its files lag.
     assert result.status == "applied"
     assert result.error is not None and "prompt files" in result.error
     assert [r.value for r in reviewing.list_rows(key="city")] == ["Lives in Porto"]
+    shutil.rmtree(path)
     # Any later review repairs them, even one with nothing to review.
     other = reviewing.conversation("agent", "faults", "2", owner_id="bob")
     assert reviewing.review(other).status == "skipped"
-    assert "Porto" in prompt_files.read_files(Home(home), "agent", "ana")[0]
-    assert_consistent(reviewing, home, conv)
+    assert "Porto" in user_md(home)
+    assert_consistent(home, conv)
 
 
 def settled(memory: Memory) -> None:
@@ -443,30 +612,16 @@ def test_c5_s1_prompt_files_left_behind_their_rows_are_repaired_when_the_reviewe
     home: Path,
 ) -> None:
     """As after a crash between a review's commit and its rebuild."""
-    with Memory(home) as memory:
-        conv = memory.conversation("agent", "faults", "1", owner_id="ana")
-        memory.write(
-            lambda c: memories.upsert(
-                c,
-                agent_id="agent",
-                owner_id="ana",
-                scope=Scope("owner", "ana"),
-                category="identity",
-                key="city",
-                value="Lives in Porto",
-                promote_target="user_md",
-            )
-        )
-    conn = open_db(home / "memory.db")
+    db = Database(home / "memory.db")
     try:
-        _, stale = doctor.stale_prompt_files(conn, Home(home))
+        db.write(fact("Lives in Porto"), label="seed")  # rows only: the files lag
+        assert PromptFiles(Home(home), db).stale() == [("agent", "ana")]
     finally:
-        conn.close()
-    assert stale  # memory.write does not render: the files lag like after a crash
+        db.close()
     with Memory(home) as memory:
         settled(memory)
-        assert "Porto" in prompt_files.read_files(Home(home), "agent", "ana")[0]
-        assert_consistent(memory, home, memory.conversation(*conv.key.as_tuple()))
+        assert "Porto" in user_md(home)
+        assert_consistent(home, memory.conversation("agent", "faults", "1", owner_id="ana"))
 
 
 def test_c5_an_old_temporary_file_of_a_killed_write_is_removed_at_start_a_new_one_kept(
@@ -477,7 +632,7 @@ def test_c5_an_old_temporary_file_of_a_killed_write_is_removed_at_start_a_new_on
     old, new = folder / ".USER.md.killed.tmp", folder / ".MEMORY.md.writing.tmp"
     for path in (old, new):
         path.write_text("half a file")
-    hour_ago = time.time() - repair.TEMP_GRACE_S - 1
+    hour_ago = time.time() - files.TEMP_GRACE_S - 1
     os.utime(old, (hour_ago, hour_ago))
     with Memory(home) as memory:
         settled(memory)
@@ -485,35 +640,37 @@ def test_c5_an_old_temporary_file_of_a_killed_write_is_removed_at_start_a_new_on
         assert new.exists()  # may belong to another process writing right now
 
 
+def test_c5_only_temporary_files_of_prompt_files_past_the_grace_are_orphans(
+    home: Path,
+) -> None:
+    owners = home / "memory" / "agent" / "owners" / "ana"
+    owners.mkdir(parents=True)
+    orphans = [owners / ".USER.md.a1.tmp", home / "memory" / "agent" / ".MEMORY.md.b2.tmp"]
+    kept = [owners / "USER.md", owners / ".rebuild.lock", owners / ".notes.tmp"]
+    for path in orphans + kept:
+        path.write_text("x")
+    later = time.time() + files.TEMP_GRACE_S + 1
+    assert files.remove_orphan_temp_files(Home(home), now=later) == 2
+    assert [p.exists() for p in orphans] == [False, False]
+    assert all(p.exists() for p in kept)
+    assert files.remove_orphan_temp_files(Home(home), now=later) == 0
+
+
 def test_p2_a_rollback_is_kept_by_the_repair_at_start(home: Path) -> None:
     """The repair at start restores derived files, not an operator's rollback (P2)."""
-    with Memory(home) as memory:
-        for value in ("Lives in Porto", "Lives in Lisbon"):
-            row = memory.write(
-                lambda c, value=value: memories.upsert(
-                    c,
-                    agent_id="agent",
-                    owner_id="",
-                    scope=categories.owner_scope(""),
-                    category="identity",
-                    key="city",
-                    value=value,
-                    promote_target="user_md",
-                )
-            )
-            conn = open_db(home / "memory.db")
-            try:
-                prompt_files.rebuild_for_rows(conn, Home(home), [row])
-            finally:
-                conn.close()
-    conn = open_db(home / "memory.db")
+    db = Database(home / "memory.db")
     try:
-        prompt_files.rollback(conn, Home(home), "agent", "user_md", 1)
+        prompt = PromptFiles(Home(home), db)
+        writer = Writer(db, prompt)
+        for value in ("Lives in Porto", "Lives in Lisbon"):
+            assert writer.write_rows(fact(value, owner_id=""), label="seed").error is None
+        prompt.rollback("agent", "user_md", 1)
     finally:
-        conn.close()
+        db.close()
     with Memory(home) as memory:
         settled(memory)
-        assert "Porto" in prompt_files.read_files(Home(home), "agent")[0]
+        assert "Porto" in user_md(home, owner_id="")
+        assert_consistent(home)
 
 
 # -- migrations (S2) ----------------------------------------------------------------------
@@ -618,37 +775,39 @@ def crash(ref: Any) -> None:
     assert ref.actor_stopped.wait(5)
 
 
+def conversations_supervisor(memory: Memory) -> Any:
+    """The supervisor of the conversation actors (waits while it is being restarted)."""
+    return memory._runtime.tree.await_child("conversations")
+
+
 def test_a6_a_crashed_conversation_store_is_restarted_and_serves_its_window(
     memory: Memory, home: Path
 ) -> None:
     conv = memory.conversation("agent", "faults", "1")
     conv.append_user("one")
     conv.history()  # makes the actor live
-    supervisor = memory._child_supervisor("conversations")
-    crash(supervisor.await_child(child_id(conv.key)))
+    crash(conversations_supervisor(memory).await_child(child_id(conv.key)))
     conv.append_user("two")
     assert [m.content for m in conv.history()] == ["one", "two"]
-    assert_consistent(memory, home, conv)
+    assert_consistent(home, conv)
 
 
-def test_a6_a_crashed_store_is_restarted_and_serves_rows(memory: Memory, home: Path) -> None:
+def test_a6_a_crashed_reviewer_and_compactor_are_restarted_and_answer_and_rows_stay_served(
+    memory: Memory, home: Path
+) -> None:
+    """Memory rows are read and written directly (no actor holds them): a crash of any
+    child leaves them served, and the restarted children answer."""
     conv = memory.conversation("agent", "faults", "1", owner_id="ana")
     stored = json.loads(memory.tools.run(_store_call("k", "v"), conv))["stored"]
-    assert memory.get_row(stored["id"]) is not None
-    crash(memory.tree.await_child("store"))
+    for child in ("reviewer", "compactor"):
+        crash(memory._runtime.tree.await_child(child))
+    # Neither needs the model to answer these: no new message, a cold conversation.
+    assert memory.review(conv).skip is Skip.NO_NEW_MESSAGES
+    assert memory.compact(conv).reason == "cold"
     assert memory.get_row(stored["id"]) is not None
     json.loads(memory.tools.run(_store_call("k2", "v2"), conv))
     assert {r.key for r in memory.list_rows()} == {"k", "k2"}
-    assert_consistent(memory, home, conv)
-
-
-def test_a6_a_crashed_reviewer_and_compactor_are_restarted_and_answer(memory: Memory) -> None:
-    conv = memory.conversation("agent", "faults", "1")
-    for child in ("reviewer", "compactor"):
-        crash(memory.tree.await_child(child))
-    # Neither needs the model to answer these: no new message, a cold conversation.
-    assert memory.review(conv).skip is review_rules.Skip.NO_NEW_MESSAGES
-    assert memory.compact(conv).reason == "cold"
+    assert_consistent(home, conv)
 
 
 def test_a6_a_conversations_supervisor_that_gives_up_is_restarted_and_appends_stay_true(
@@ -684,7 +843,7 @@ def test_a6_a_conversations_supervisor_that_gives_up_is_restarted_and_appends_st
     thread = threading.Thread(target=appender)
     thread.start()
     try:
-        conversations_sup = memory._child_supervisor("conversations")
+        conversations_sup = conversations_supervisor(memory)
         # The bound only matters on a machine so slow that crashes fall out of the period.
         for _ in range(200):
             conv.history()
@@ -707,13 +866,14 @@ def test_a6_a_conversations_supervisor_that_gives_up_is_restarted_and_appends_st
     stored = stored_contents(home, other)
     assert stored == acked, f"refused but stored: {[t for t, _ in refused if t in stored]}"
     assert not unread, f"reads failed while the supervisor was restarted: {unread[:3]}"
-    assert_consistent(memory, home, conv, other)
+    assert_consistent(home, conv, other)
 
 
 def test_a6_past_the_restart_intensity_the_tree_gives_up_and_every_call_is_refused_typed(
     home: Path,
 ) -> None:
     memory = Memory(home).start()
+    tree = memory._runtime.tree
     try:
         conv = memory.conversation("agent", "faults", "1")
         conv.append_user("kept")
@@ -723,26 +883,29 @@ def test_a6_past_the_restart_intensity_the_tree_gives_up_and_every_call_is_refus
             if memory.failure is not None:
                 break
             try:
-                ref = memory.tree.await_child("reviewer")
+                ref = tree.await_child("reviewer")
             except ActorUnavailableError:
                 break  # giving up right now
             crash(ref)
         with pytest.raises(FermixError):
-            memory.tree.wait(10)
+            tree.wait(10)
         assert memory.failure is not None and "gave up" in str(memory.failure)
         for call in (
             lambda: conv.append_user("lost"),
             lambda: conv.history(),
             lambda: memory.get_row(1),
+            lambda: memory.list_rows(),
             lambda: memory.review(conv),
             lambda: memory.conversation("agent", "faults", "2"),
         ):
             with pytest.raises(ActorUnavailableError):
                 call()
+        refused = json.loads(memory.tools.run(_store_call("k", "v"), conv))
+        assert "error" in refused  # the tools answer with the refusal, typed (T4)
     finally:
         memory.close(timeout=10)
     # Nothing acknowledged was lost, and the home opens again.
     with Memory(home) as again:
         conv = again.conversation("agent", "faults", "1")
         assert [m.content for m in conv.history()] == ["kept"]
-        assert_consistent(again, home, conv)
+        assert_consistent(home, conv)

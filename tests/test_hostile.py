@@ -14,14 +14,18 @@ from typing import Any
 import apsw
 import pytest
 
+from fermix import model
 from fermix.api import Memory
 from fermix.cli import main
 from fermix.config import load_config
-from fermix.core import commands, review
+from fermix.core import categories, commands, review_admission, review_answer
 from fermix.errors import ConfigError, FermixError, InvalidInputError, ReviewOutputError
 from fermix.home import Home
-from fermix.runtime import prompt_files
-from fermix.storage import open_database
+from fermix.model import MemoryRow
+from fermix.runtime.files import prompt_dir
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Writes, open_database
 from fermix.storage.connection import fetch_rows
 
 pytestmark = pytest.mark.keep_actors
@@ -50,7 +54,9 @@ def test_the_catalogue_holds_at_least_100_cases() -> None:
 
 @pytest.fixture(scope="module")
 def memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Memory]:
-    with Memory(tmp_path_factory.mktemp("hostile") / "home") as running:
+    home = Home(tmp_path_factory.mktemp("hostile") / "home")
+    _seed_prompt_files(home)
+    with Memory(home) as running:
         bystander = running.conversation("agent", "cli", "bystander", owner_id="bob")
         bystander.append_user("bob's own message")
         running.tools.run(
@@ -65,11 +71,47 @@ def memory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Memory]:
         yield running
 
 
+def _seed_prompt_files(home: Home) -> None:
+    """A profile row of bob's and the shared rules, rendered into prompt files as another
+    process would: the snapshots then hold real files that must not change either."""
+    db = Database(home.db_path)
+    try:
+
+        def unit(writes: Writes) -> list[MemoryRow]:
+            return [
+                writes.upsert_row(
+                    agent_id="agent",
+                    owner_id=owner,
+                    scope=scope,
+                    category=category,
+                    key=key,
+                    value=value,
+                    promote_target=model.TARGET_OF[category],
+                )
+                for owner, scope, category, key, value in (
+                    ("bob", categories.owner_scope("bob"), "identity", "job", "bob's job: pilot"),
+                    ("", categories.agent_scope("agent"), "directive", "tone", "Answer briefly"),
+                )
+            ]
+
+        written = Writer(db, PromptFiles(home, db)).write_rows(unit, label="seed")
+        assert written.error is None and written.files_changed
+    finally:
+        db.close()
+
+
 def _snapshot(memory: Memory, *, skip_chat: str | None = None) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, leaving out the rows of one chat that a test may change."""
+    """Every row of every table, leaving out the rows of one chat that a test may change,
+    and every file under the home's ``memory/`` folder (the prompt files)."""
+    folder = memory.home.root / "memory"
+    out: dict[str, list[tuple[Any, ...]]] = {
+        "files": sorted(
+            (str(path.relative_to(folder)), path.read_bytes() if path.is_file() else b"")
+            for path in folder.rglob("*")
+        )
+    }
     conn = open_database(memory.home.db_path)
     try:
-        out = {}
         for (table,) in fetch_rows(
             conn,
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '%fts%'"
@@ -130,6 +172,7 @@ def test_t2_memory_recall_of_any_text_never_raises_nor_crosses_owners(
     memory: Memory, index: int
 ) -> None:
     conv = memory.conversation("agent", "cli", "reader", owner_id="alice")
+    before = _snapshot(memory)
     arguments = {"query": TEXTS[index], "scope": "all", "source": "all"}
     for raw in (json.dumps(arguments), TEXTS[index]):  # as a query, and as the raw arguments
         out = json.loads(
@@ -140,11 +183,13 @@ def test_t2_memory_recall_of_any_text_never_raises_nor_crosses_owners(
             assert "bob" not in row["value"]
         for message in out.get("history", []):
             assert "bob's" not in message["content"]
+    assert _snapshot(memory) == before
 
 
 @pytest.mark.parametrize("number", NUMBERS, ids=repr)
 def test_t4_tool_numbers_out_of_range_are_tool_errors(memory: Memory, number: Any) -> None:
     conv = memory.conversation("agent", "cli", "numbers", owner_id="alice")
+    before = _snapshot(memory)
     out = json.loads(
         memory.tools.run(
             {
@@ -158,15 +203,16 @@ def test_t4_tool_numbers_out_of_range_are_tool_errors(memory: Memory, number: An
     )
     valid = isinstance(number, int) and not isinstance(number, bool) and 1 <= number <= 20
     assert ("error" in out) != valid
+    assert _snapshot(memory) == before
 
 
 @pytest.mark.parametrize("index", range(len(TEXTS)), ids=IDS)
 def test_e4_any_reviewer_output_is_parsed_or_rejected_whole(index: int) -> None:
     try:
-        operations = review.parse(TEXTS[index])
+        operations = review_answer.parse(TEXTS[index])
     except ReviewOutputError:
         return
-    admitted = review.admit(operations, shown=[], trust="guest").admitted
+    admitted = review_admission.admit(operations, shown=[], trust="guest").admitted
     assert all(op.op == "add" and op.category != "directive" for op in admitted)
 
 
@@ -189,8 +235,9 @@ def test_c5_an_agent_id_of_any_text_is_refused_or_stays_inside_the_home(
     memory: Memory, index: int
 ) -> None:
     text = TEXTS[index]
+    before = _snapshot(memory)
     try:
-        folder = prompt_files.prompt_dir(memory.home, text, "")
+        folder = prompt_dir(memory.home, text, "")
     except InvalidInputError:
         pass
     else:
@@ -200,6 +247,26 @@ def test_c5_an_agent_id_of_any_text_is_refused_or_stays_inside_the_home(
         memory.conversation(text, "cli", "1")
     except InvalidInputError:
         pass
+    assert _snapshot(memory) == before
+
+
+@pytest.mark.parametrize("index", range(len(TEXTS)), ids=IDS)
+def test_h3_any_text_as_a_chats_ids_a_row_filter_or_a_transcript_is_refused_or_changes_nothing(
+    memory: Memory, index: int
+) -> None:
+    text = TEXTS[index]
+    before = _snapshot(memory)
+    for call in (
+        lambda: memory.conversation("agent", text, text, text, owner_id=text).history(),
+        lambda: memory.list_rows(owner_id=text, key=text),
+        lambda: memory.voice_transcript("agent", text, "user", text, owner_id=text),
+    ):
+        try:
+            result = call()
+        except InvalidInputError:
+            continue
+        assert not result  # nothing is stored under it; transcripts are off by default
+    assert _snapshot(memory) == before
 
 
 def _toml_value(value: Any) -> str | None:
@@ -249,6 +316,7 @@ def test_h3_cli_arguments_of_any_text_give_an_exit_code_not_a_traceback(
     memory: Memory, index: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = str(memory.home.root)
+    before = _snapshot(memory)
     for argv in (
         ["memory", "search", TEXTS[index], "--json"],
         ["memory", "show", TEXTS[index]],
@@ -260,6 +328,7 @@ def test_h3_cli_arguments_of_any_text_give_an_exit_code_not_a_traceback(
             code = exc.code if isinstance(exc.code, int) else 2
         assert code in (0, 1, 2, 3)
         assert "Traceback" not in capsys.readouterr().err
+    assert _snapshot(memory) == before
 
 
 def test_s2_a_file_that_is_not_a_database_is_a_typed_error(tmp_path: Path) -> None:

@@ -9,18 +9,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import apsw
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fermix import model
-from fermix.actors.reviewer import shown_rows
-from fermix.core import categories, render, review
-from fermix.core.review import Operation
-from fermix.model import ConversationKey, MemoryRow, Scope
-from fermix.runtime import prompt_files
-from fermix.storage import conversations, memories, open_database, transaction
+from fermix.core import categories, render, review_admission, tool_calls
+from fermix.core.review_answer import Operation
+from fermix.home import Home
+from fermix.model import ConversationKey, MemoryRow, NewMessage, Scope
+from fermix.runtime import prompt_files, recall
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.reviewing import shown_rows
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Writes
+from fermix.tools import MemoryTools
 
 AGENTS = ["a1", "a2"]
 OWNERS = ["", "alice", "bob"]
@@ -50,14 +53,11 @@ def _scope(kind: str, agent: str, owner: str, chat: str) -> Scope:
     return categories.job_scope(7)
 
 
-def _seed(
-    conn: apsw.Connection, specs: list[tuple[str, str, str, str, str, bool, bool]]
-) -> list[MemoryRow]:
-    rows = []
-    with transaction(conn):
+def _seed(db: Database, specs: list[tuple[str, str, str, str, str, bool, bool]]) -> list[MemoryRow]:
+    def unit(writes: Writes) -> list[MemoryRow]:
+        rows = []
         for i, (agent, owner, kind, chat, category, promoted, archived) in enumerate(specs):
-            row = memories.upsert(
-                conn,
+            row = writes.upsert_row(
                 agent_id=agent,
                 owner_id=owner,
                 scope=_scope(kind, agent, owner, chat),
@@ -67,9 +67,11 @@ def _seed(
                 promote_target=model.TARGET_OF[category] if promoted else None,
             )
             if archived:
-                row = memories.archive(conn, row.id, by="test", reason="old")
+                row = writes.archive_row(row.id, by="test", reason="old")
             rows.append(row)
-    return rows
+        return rows
+
+    return db.write(unit, label="seed")
 
 
 def _may_see(row: MemoryRow, agent: str, owner: str) -> bool:
@@ -99,15 +101,17 @@ def test_sc3_no_render_view_admission_or_recall_crosses_a_boundary(
     specs: list[tuple[str, str, str, str, str, bool, bool]],
     targets: list[int],
 ) -> None:
-    conn = open_database(tmp_path_factory.mktemp("iso") / "memory.db")
-    rows = _seed(conn, specs)
-    for caller in ALL_CALLERS:
-        _check_caller(conn, rows, caller, targets)
-    conn.close()
+    db = Database(tmp_path_factory.mktemp("iso") / "memory.db")
+    try:
+        rows = _seed(db, specs)
+        for caller in ALL_CALLERS:
+            _check_caller(db, rows, caller, targets)
+    finally:
+        db.close()
 
 
 def _check_caller(
-    conn: apsw.Connection,
+    db: Database,
     rows: list[MemoryRow],
     caller: tuple[str, str, str, str],
     targets: list[int],
@@ -116,9 +120,9 @@ def _check_caller(
     by_token = {f"token{i}x": row for i, row in enumerate(rows)}
 
     # Render: only live promoted rows this agent and owner may see, never a job's.
-    files = render.render_files(
-        prompt_files.load_rows(conn, agent, owner), agent_id=agent, owner_id=owner
-    )
+    with db.read() as reads:
+        loaded = prompt_files.load_rows(reads, agent, owner)
+    files = render.render_files(loaded, agent_id=agent, owner_id=owner)
     for token, row in by_token.items():
         if token in files.user_md + files.memory_md:
             assert _may_see(row, agent, owner) and not row.archived
@@ -127,30 +131,53 @@ def _check_caller(
 
     # The reviewer's view of this conversation, and what admission lets it touch.
     key = ConversationKey(agent, "cli", chat)
-    with transaction(conn):
-        conversations.touch(conn, key, owner_id=owner, trust=trust)
-    state = conversations.get(conn, key)
-    assert state is not None
-    shown = shown_rows(conn, state)
+    db.write(lambda w: w.touch_conversation(key, owner_id=owner, trust=trust))
+    with db.read() as reads:
+        state = reads.conversation(key)
+        assert state is not None
+        shown = shown_rows(reads, state)
     for row in shown:
         assert _may_see(row, agent, owner) and row.scope_type in ("owner", "agent")
         if trust == "guest" and row.scope_type == "agent":
             assert row.owner_id == owner
     operations = [Operation("archive", id=target) for target in targets]
     operations += [Operation("replace", id=target, value="new") for target in targets]
-    admitted = review.admit(operations, shown=shown, trust=trust).admitted
+    admitted = review_admission.admit(operations, shown=shown, trust=trust).admitted
     assert {op.id for op in admitted} <= {row.id for row in shown}
 
+    # Recall at its widest reach ("all" holds the groups of "current" and "owner"): by
+    # every word and by every key, never a row of another agent, owner or job. Trust does
+    # not change what recall reaches.
+    if trust != "operator":
+        return
+    me = recall.ConversationCaller(key, owner)
+    words = " ".join(by_token)
+    asks = [tool_calls.Recall(query=words, key=None, scope="all", limit=tool_calls.MAX_LIMIT)]
+    asks += [
+        tool_calls.Recall(query=None, key=f"k{i}", scope="all", limit=tool_calls.MAX_LIMIT)
+        for i in range(len(rows))
+    ]
+    with db.read() as reads:
+        for ask in asks:
+            for row in recall.recall_rows(reads, me, ask):
+                assert _may_see(row, agent, owner) and not row.archived
 
-def test_sc3_recall_across_two_processes_worth_of_owners_never_leaks(tmp_path: Path) -> None:
-    from fermix.api import Memory
 
-    with Memory(tmp_path / "home") as memory:
-        alice = memory.conversation("a1", "cli", "1", owner_id="alice")
-        bob = memory.conversation("a1", "cli", "2", owner_id="bob")
+def test_sc3_recall_across_owners_never_leaks(tmp_path: Path) -> None:
+    home = Home(tmp_path / "home")
+    home.root.mkdir(parents=True)
+    db = Database(home.db_path)
+    writer = Writer(db, PromptFiles(home, db))
+    tools = MemoryTools(db, writer)
+    alice = recall.ConversationCaller(ConversationKey("a1", "cli", "1"), "alice")
+    bob = recall.ConversationCaller(ConversationKey("a1", "cli", "2"), "bob")
+    try:
         for conv, secret in ((alice, "alpha"), (bob, "bravo")):
-            conv.append_user(f"my secret word is {secret}")
-            memory.tools.run(
+            new = NewMessage(
+                conv.key, "user", f"my secret word is {secret}", owner_id=conv.owner_id
+            )
+            writer.append(new, trust="operator")
+            tools.run(
                 {
                     "function": {
                         "name": "memory_store",
@@ -161,7 +188,7 @@ def test_sc3_recall_across_two_processes_worth_of_owners_never_leaks(tmp_path: P
             )
         for scope in ("current", "owner", "all"):
             out = json.loads(
-                memory.tools.run(
+                tools.run(
                     {
                         "function": {
                             "name": "memory_recall",
@@ -175,3 +202,6 @@ def test_sc3_recall_across_two_processes_worth_of_owners_never_leaks(tmp_path: P
             )
             text = json.dumps(out)
             assert "bravo" not in text and "alpha" in text
+            assert out["memories"] and out["history"]
+    finally:
+        db.close()

@@ -41,6 +41,7 @@ def _imported_top_levels(path: Path) -> set[str]:
     return names
 
 
+@pytest.mark.slow  # builds the wheel with pip
 def test_the_built_wheel_ships_schema_sql_and_the_console_script(tmp_path: Path) -> None:
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],

@@ -10,14 +10,14 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from factories import reading
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from fermix.actors.registry import child_id
 from fermix.api import Memory
 from fermix.model import ConversationKey
-from fermix.storage import messages, open_database
+from fermix.runtime.registry import child_id
 
 KEYS = [ConversationKey("agent", "chan", str(i)) for i in range(4)]
 
@@ -51,17 +51,18 @@ class ConversationMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS))
     def crash(self, key: ConversationKey) -> None:
-        supervisor = self.memory._child_supervisor("conversations")
+        supervisor = self.memory._runtime.tree.await_child("conversations")
         try:
-            ref = supervisor.await_child(child_id(key))  # waits out a restart in progress
+            # waits out a restart in progress
+            ref = supervisor.await_child(child_id(key))  # type: ignore[union-attr]
         except LookupError:
             return  # not live: nothing to crash
-        ref.tell("crash")  # an unknown message crashes the actor
-        assert ref.actor_stopped.wait(5)
+        ref.tell("crash")  # type: ignore[union-attr]  # an unknown message crashes it
+        assert ref.actor_stopped.wait(5)  # type: ignore[union-attr]
 
     @rule(key=st.sampled_from(KEYS))
     def passivate(self, key: ConversationKey) -> None:
-        self.memory.registry.passivate(key)
+        self.memory._runtime.registry.passivate(key)
 
     @precondition(lambda self: self.counter % 3 == 0)
     @rule()
@@ -71,14 +72,10 @@ class ConversationMachine(RuleBasedStateMachine):
 
     @invariant()
     def windows_equal_sqlite(self) -> None:
-        conn = open_database(self.home / "memory.db")
-        try:
+        with reading(self.home) as reads:
             for key in KEYS:
-                stored = [m.content for m in messages.conversation(conn, key)]
-                assert stored == self.acked[key]
-        finally:
-            conn.close()
-        assert self.memory.registry.live_count() <= 3
+                assert [m.content for m in reads.messages(key)] == self.acked[key]
+        assert self.memory._runtime.registry.live_count() <= 3
 
     def teardown(self) -> None:
         self.memory.close()
@@ -115,8 +112,7 @@ _APPENDER = textwrap.dedent(
 )
 
 
-def test_a1_every_append_acknowledged_before_a_sigkill_survives(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def test_a1_every_append_acknowledged_before_a_sigkill_survives(home: Path) -> None:
     for round_ in range(4):
         proc = subprocess.Popen(
             [sys.executable, "-c", _APPENDER, str(home), str(round_)],
@@ -140,15 +136,12 @@ def test_a1_every_append_acknowledged_before_a_sigkill_survives(tmp_path: Path) 
             parts = line.split()
             if len(parts) == 3:
                 acked[int(parts[0])].append(int(parts[1]))
-        conn = open_database(home / "memory.db")
-        try:
+        with reading(home) as reads:
             for n in range(4):
-                rows = messages.conversation(conn, ConversationKey("agent", "kill", str(n)))
+                rows = reads.messages(ConversationKey("agent", "kill", str(n)))
                 contents = [m.content for m in rows]
                 assert len(contents) == len(set(contents)), "an append was stored twice"
                 prefix = f"{round_}/{n}-"
                 stored = {int(c.removeprefix(prefix)) for c in contents if c.startswith(prefix)}
                 missing = set(acked[n]) - stored
                 assert not missing, f"acknowledged but lost in round {round_}: {missing}"
-        finally:
-            conn.close()

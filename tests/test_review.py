@@ -16,20 +16,13 @@ from hypothesis import strategies as st
 
 from fermix import model
 from fermix.core import categories
-from fermix.core.review import (
+from fermix.core.review import SYSTEM_PROMPT, Skip, build_prompt, gate, pack_messages
+from fermix.core.review_admission import MAX_REASON_CHARS, MAX_VALUE_CHARS, Admission, admit
+from fermix.core.review_answer import (
     MAX_OPERATIONS,
-    MAX_REASON_CHARS,
-    MAX_VALUE_CHARS,
     NOTHING_TO_SAVE,
     RESPONSE_SCHEMA,
-    SYSTEM_PROMPT,
-    Admission,
     Operation,
-    Skip,
-    admit,
-    build_prompt,
-    gate,
-    pack_messages,
     parse,
 )
 from fermix.errors import ReviewOutputError
@@ -380,6 +373,95 @@ def test_e4_one_bad_operation_rejects_every_good_one_with_it() -> None:
     good = {"op": "add", "category": "goal", "key": "k", "value": "v"}
     with pytest.raises(ReviewOutputError, match="operation 1"):
         parse(_ops(good, {"op": "archive", "id": "1"}, good))
+
+
+SCHEMA_VIOLATIONS = {
+    # name: (the answer, what the error says)
+    "top-level list": (json.dumps([{"op": "archive", "id": 1}]), "one object with only"),
+    "top-level number": ("42", 'one object with only "operations"'),
+    "extra top-level key": (json.dumps({"operations": [], "x": 1}), 'only "operations"'),
+    "no operations key": (json.dumps({}), 'only "operations"'),
+    "operations not a list": (json.dumps({"operations": "add"}), '"operations" must be a list'),
+    "too many operations": (
+        _ops(*[{"op": "archive", "id": i} for i in range(MAX_OPERATIONS + 1)]),
+        f"{MAX_OPERATIONS + 1} operations; at most {MAX_OPERATIONS}",
+    ),
+    "operation not an object": (_ops(7), "operation 0 is not an object"),
+    "op missing": (_ops({"id": 1}), "operation 0 has no op"),
+    "unknown op": (_ops({"op": "delete", "id": 1}), "operation 0 has an unknown op 'delete'"),
+    "op not a string": (_ops({"op": 1, "id": 1}), "operation 0 has an unknown op 1"),
+    "unknown field": (
+        _ops({"op": "archive", "id": 1, "owner_id": "bob"}),
+        "operation 0 (archive) has unknown fields ['owner_id']",
+    ),
+    "id as float": (_ops({"op": "archive", "id": 1.0}), "operation 0: id must be an integer"),
+    "id as bool": (_ops({"op": "archive", "id": False}), "operation 0: id must be an integer"),
+    "value as number": (
+        _ops({"op": "replace", "id": 1, "value": 3}),
+        "operation 0: value must be a string",
+    ),
+    "category as null": (
+        _ops({"op": "add", "category": None, "key": "k", "value": "v"}),
+        "operation 0: category must be a string",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SCHEMA_VIOLATIONS.values(), ids=SCHEMA_VIOLATIONS.keys())
+def test_e4_an_answer_against_the_response_schema_is_rejected_naming_what_was_wrong(
+    case: tuple[str, str],
+) -> None:
+    text, why = case
+    with pytest.raises(ReviewOutputError) as caught:
+        parse(text)
+    assert why in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("item", "why"),
+    [
+        ({"op": "add", "key": "k", "value": "v"}, "(add) is missing ['category']"),
+        ({"op": "replace", "value": "v"}, "(replace) is missing ['id']"),
+        ({"op": "archive", "reason": "old"}, "(archive) is missing ['id']"),
+        (
+            {"op": "add", "id": 3, "category": "goal", "key": "k", "value": "v"},
+            "(add) does not take ['id']",
+        ),
+        ({"op": "archive", "id": 1, "value": "v"}, "(archive) does not take ['value']"),
+        (
+            {"op": "replace", "value": "v", "reason": "r"},
+            "(replace) is missing ['id'] and does not take ['reason']",
+        ),
+    ],
+)
+def test_e4_the_fields_each_op_takes_are_checked_beside_the_schema(
+    item: dict[str, Any], why: str
+) -> None:
+    with pytest.raises(ReviewOutputError) as caught:
+        parse(_ops(item))
+    assert f"operation 0 {why}" in str(caught.value)
+
+
+def test_e4_the_first_wrong_operation_is_named_in_document_order() -> None:
+    missing = {"op": "add", "key": "k", "value": "v"}  # a rule beside the schema
+    mistyped = {"op": "archive", "id": "1"}  # a schema violation
+    with pytest.raises(ReviewOutputError, match="operation 0 \\(add\\) is missing"):
+        parse(_ops(missing, mistyped))
+    with pytest.raises(ReviewOutputError, match="operation 0: id must be an integer"):
+        parse(_ops(mistyped, missing))
+
+
+def test_e5_a_category_outside_the_schema_s_enum_is_parsed_and_left_to_admission() -> None:
+    # Malformed output is rejected whole (E4); a wrong category refuses one operation (E5).
+    text = _ops(
+        {"op": "add", "category": "secret", "key": "pin", "value": "1234"},
+        {"op": "add", "category": "goal", "key": "run", "value": "Runs a marathon"},
+    )
+    operations = parse(text)
+    assert [op.category for op in operations] == ["secret", "goal"]
+    result = admitted(operations)
+    assert [op.key for op in result.admitted] == ["run"]
+    assert [r.reason for r in result.refused] == ["unknown category 'secret'"]
 
 
 def test_e4_exactly_max_operations_is_accepted() -> None:

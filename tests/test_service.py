@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fermix.home import Home
-from fermix.service import ServicePaths, running_pid
+from fermix.server.service import ServicePaths, running_pid
 
 
 def _fermix(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -31,7 +31,7 @@ def service_home(home: Path) -> Iterator[Path]:
     _fermix(home, "supervisor", "stop")
 
 
-def test_a8_start_status_stop_round_trip(service_home: Path) -> None:
+def test_a8_start_status_and_stop_run_the_tree_as_a_background_service(service_home: Path) -> None:
     home = service_home
     assert _fermix(home, "supervisor", "status").returncode == 1
     started = _fermix(home, "supervisor", "start")
@@ -45,7 +45,7 @@ def test_a8_start_status_stop_round_trip(service_home: Path) -> None:
     data = json.loads(status.stdout)
     assert data["running"] is True and data["pid"] == pid
     assert data["live_conversations"] == 0
-    assert data["children"] == ["store", "reviewer", "compactor", "conversations"]
+    assert data["children"] == ["reviewer", "compactor", "conversations"]
 
     again = _fermix(home, "supervisor", "start")
     assert again.returncode == 1 and "already runs" in again.stderr

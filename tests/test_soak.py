@@ -2,7 +2,7 @@
 (A1, A6, S1, S4, S5, S7, C5, E2, K5).
 
 Each round forks a host (``tests/soak/host.py``: appends from eight conversations on three
-threads, memory writes through ``memory_store`` and ``Memory.write``, reviews and
+threads, memory writes through ``memory_store`` and the host's writer, reviews and
 compactions against the loopback model server in its own process) while this process runs
 ``fermix memory list | search | restore`` and ``fermix resource list`` one after another on
 the same home. At a random moment the host is killed. Then, from the database alone:
@@ -21,7 +21,7 @@ the same home. At a random moment the host is killed. Then, from the database al
 
 ``FERMIX_SOAK_SECONDS`` (20) bounds the rounds, at least ``MIN_KILLS`` of them; run
 ``FERMIX_SOAK_SECONDS=600`` by hand for a long soak. ``FERMIX_SOAK_SEED`` replays a run:
-the seed is printed when the test fails.
+the seed is printed when the test fails. Slow: ``bin/test -m "not slow"`` leaves it out.
 """
 
 from __future__ import annotations
@@ -39,18 +39,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from soak import zygote as zygotes
 from soak.cli import ERROR_MARKS, CliLoop
 from soak.zygote import Zygote
 
-from fermix import doctor
-from fermix.actors.reviewer import CLAIM_TTL_MS
 from fermix.api import Memory
 from fermix.clock import now_ms
+from fermix.core.review import CLAIM_TTL_MS
 from fermix.home import Home
-from fermix.runtime import prompt_files
-from fermix.storage import conversations, open_database
+from fermix.runtime import files
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.storage import Database, conversations, open_database
 from fermix.storage.connection import fetch_rows, fetch_value
+from fermix.storage.health import FTS_TABLES
+
+pytestmark = pytest.mark.slow
 
 SECONDS = float(os.environ.get("FERMIX_SOAK_SECONDS", "20"))
 MIN_KILLS = 5
@@ -104,11 +106,6 @@ def model_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait(10)
-
-
-@pytest.fixture(scope="module")
-def zygote(request: pytest.FixtureRequest) -> Zygote:
-    return zygotes.shared(request.config)
 
 
 # -- what the hosts acknowledged ------------------------------------------------------------
@@ -232,7 +229,7 @@ def check_database(home: Path, ledger: Ledger) -> int:
                 ledger.writes[key] = rows[key]  # it committed before the kill
         ledger.pending.clear()
 
-        for table in doctor.FTS_TABLES:
+        for table in FTS_TABLES:
             conn.execute(f"INSERT INTO {table} ({table}, rank) VALUES ('integrity-check', 1)")
         assert fetch_value(conn, "PRAGMA quick_check") == "ok"
 
@@ -254,9 +251,19 @@ def check_database(home: Path, ledger: Ledger) -> int:
                 conn.execute("ROLLBACK")
             assert taken, f"the claim of {state.chat_id} cannot be taken over at its expiry"
         ledger.taking_over.clear()
-        return len(doctor.stale_prompt_files(conn, Home(home))[1])
     finally:
         conn.close()
+    return len(stale_prompt_files(home))
+
+
+def stale_prompt_files(home: Path) -> list[tuple[str, str]]:
+    """The (agent, owner) pairs whose prompt files lag their rows (the one staleness rule,
+    :meth:`PromptFiles.stale`), read as another process would."""
+    db = Database(home / "memory.db")
+    try:
+        return PromptFiles(Home(home), db).stale()
+    finally:
+        db.close()
 
 
 def check_after_start(home: Path) -> int:
@@ -270,17 +277,17 @@ def check_after_start(home: Path) -> int:
         # The Reviewer repairs when it starts; a first request returns once it has.
         assert memory.review(memory.conversation("probe", "probe", "probe")).skip is not None
         assert not list(home.rglob("*.tmp")), "a killed rebuild's temporary file is left"
+        stale = stale_prompt_files(home)
+        assert not stale, f"prompt files still differ from their rows: {stale}"
         conn = open_database(home / "memory.db")
         try:
-            _, stale = doctor.stale_prompt_files(conn, Home(home))
-            assert not stale, f"prompt files still differ from their rows: {stale}"
             for agent_id, owner_id, name, content in fetch_rows(
                 conn,
                 "SELECT s.agent_id, s.owner_id, s.name, r.content FROM resources AS s"
                 " JOIN resource_revisions AS r"
                 " ON r.resource_id = s.id AND r.revision = s.current_revision",
             ):
-                path = prompt_files.file_path(Home(home), agent_id, name, owner_id)
+                path = files.file_path(Home(home), agent_id, name, owner_id)
                 on_disk = path.read_text(encoding="utf-8") if path.exists() else ""
                 assert on_disk == content, f"{path} is not its current revision"
             for state in conversations.list_states(conn):
@@ -296,10 +303,9 @@ def check_after_start(home: Path) -> int:
 
 
 def test_a1_s1_e2_nothing_acknowledged_is_lost_when_the_host_is_killed_at_random(
-    tmp_path: Path, zygote: Zygote, model_url: str
+    home: Path, zygote: Zygote, model_url: str
 ) -> None:
     rng = random.Random(SEED)
-    home = tmp_path / "home"
     ledger = Ledger()
     stale_after_kill = orphans = 0
     kills = 0

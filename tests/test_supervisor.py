@@ -1,4 +1,5 @@
-"""A6: Erlang/OTP-style supervision of pykka actors (fermix.supervisor, fermix.actors.base).
+"""A6: Erlang/OTP-style supervision of pykka actors (fermix.supervisor, fermix.supervision,
+fermix.actors.base).
 
 Nothing here sleeps to wait for a thread: tests wait on a condition over what the actors
 did (the journal) or what the supervisor logged, each bounded by five seconds, and use
@@ -27,17 +28,14 @@ from fermix.errors import (
     NotFoundError,
     SupervisorEscalationError,
 )
-from fermix.supervisor import (
-    ChildCounts,
-    ChildInfo,
-    ChildSpec,
+from fermix.supervision.restarts import (
     Intensity,
     Restart,
     Strategy,
-    Supervisor,
     record_restart,
     should_restart,
 )
+from fermix.supervisor import ChildCounts, ChildInfo, ChildSpec, Supervisor
 
 WAIT_S = 5.0
 
@@ -98,6 +96,10 @@ class Crash:
     """Told to a Worker: raise from the message."""
 
 
+class Exit:
+    """Told to a Worker: raise SystemExit, a BaseException, from the message."""
+
+
 class Ping:
     """Asked of a Worker: answer "pong"."""
 
@@ -118,10 +120,14 @@ class Worker(SupervisedActor):
     def on_start(self) -> None:
         if self.faults.get("on_start"):
             raise RuntimeError(f"{self.name} cannot start")
+        if self.faults.get("exit_on_start"):
+            raise SystemExit(f"{self.name} exits")
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Crash):
             raise RuntimeError(f"{self.name} crashed")
+        if isinstance(message, Exit):
+            raise SystemExit(f"{self.name} exits")
         if isinstance(message, BadQuestion):
             raise ValueError("bad question")
         return "pong" if isinstance(message, Ping) else None
@@ -405,6 +411,44 @@ def test_a6_a_failing_ask_is_returned_to_the_caller_and_is_not_a_crash(
     assert ref.ask(Ping()) == "pong"
     assert sup.which_children() == [ChildInfo("a", ref, Restart.PERMANENT)]
     assert logs.matching("exited") == []
+
+
+def test_a6_a_base_exception_in_a_message_is_a_normal_exit_and_pykka_stops_every_actor(
+    supervise: MakeSupervisor, journal: Journal, logs: LogWatch
+) -> None:
+    sup = supervise(ChildSpec("a", worker(journal, "a"), Restart.TRANSIENT))
+    lone = Worker.start(journal, "lone")  # not supervised: pykka's stop_all() stops it too
+    ref = sup.child_ref("a")
+    assert isinstance(ref, pykka.ActorRef)
+    ref.tell(Exit())
+    logs.wait_for("child 'a' exited normally; transient, not restarted")
+    journal.wait_for("stop", "lone")
+    assert not lone.is_alive()
+    assert ("stop", "a") in journal.entries  # pykka calls on_stop ...
+    assert ("failure", "a") not in journal.entries  # ... and not on_failure
+
+
+def test_a6_a_base_exception_in_on_start_is_an_abnormal_exit_and_ends_the_thread(
+    supervise: MakeSupervisor, journal: Journal, logs: LogWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    escaped: list[BaseException | None] = []
+    thread_ended = threading.Event()
+
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        escaped.append(args.exc_value)
+        thread_ended.set()
+
+    monkeypatch.setattr(threading, "excepthook", excepthook)
+    factory = worker(journal, "a", first_only=True, exit_on_start=True)
+    sup = supervise(ChildSpec("a", factory, Restart.TRANSIENT))
+    logs.wait_for("child 'a' exited with SystemExit('a exits'); restarted 'a'")
+    assert thread_ended.wait(WAIT_S)  # pykka lets it escape the thread; it is reported first
+    assert [type(exc) for exc in escaped] == [SystemExit]
+    ref = sup.child_ref("a")
+    assert isinstance(ref, pykka.ActorRef)
+    assert ref.ask(Ping()) == "pong"
+    assert ("failure", "a") not in journal.entries
+    assert ("stop", "a") not in journal.entries
 
 
 def test_a6_a_supervised_actor_started_outside_a_supervisor_is_a_plain_actor(

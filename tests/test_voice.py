@@ -3,43 +3,26 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from factories import StartMemory, config_for, stored_messages
 from model_server import ModelServer
 
 from fermix import Memory
-from fermix.config import Config, MemoryConfig, ModelConfig, RealtimeConfig
+from fermix.config import Config
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, Message
-from fermix.storage import messages, open_database
+from fermix.model import ConversationKey
+from fermix.storage import open_database
 from fermix.storage.connection import fetch_value
 
 KITCHEN = ConversationKey("agent", "realtime", "kitchen")
 
 
-def config_for(server: ModelServer, *, persist: bool) -> Config:
-    return Config(
-        memory=MemoryConfig(review_interval_hours=0),
-        model=ModelConfig(primary="openai/test", api_base=server.url, timeout_s=5),
-        realtime=RealtimeConfig(persist_transcripts=persist),
-    )
-
-
 @pytest.fixture
-def persisting(home: Path, model_server: ModelServer) -> Iterator[Memory]:
-    """A running Memory with ``persist_transcripts = true``."""
-    with Memory(home, config=config_for(model_server, persist=True)) as memory:
-        yield memory
-
-
-def stored(home: Path, key: ConversationKey) -> list[Message]:
-    conn = open_database(home / "memory.db")
-    try:
-        return messages.conversation(conn, key)
-    finally:
-        conn.close()
+def persisting(start_memory: StartMemory, model_server: ModelServer) -> Memory:
+    """A running Memory with ``persist_transcripts = true``, reviewing on the loopback server."""
+    return start_memory(config_for(model_server, persist_transcripts=True))
 
 
 def count_rows(home: Path, table: str) -> int:
@@ -61,7 +44,7 @@ def test_v1_transcripts_are_voice_turns_in_the_devices_realtime_conversation(
     )
     persisting.voice_transcript("agent", "car", "user", "Drive me home", owner_id="alice")
 
-    rows = stored(home, KITCHEN)
+    rows = stored_messages(home, KITCHEN)
     assert rows == [heard, said]
     assert [(m.role, m.kind, m.channel, m.chat_id) for m in rows] == [
         ("user", "voice_turn", "realtime", "kitchen"),
@@ -70,7 +53,7 @@ def test_v1_transcripts_are_voice_turns_in_the_devices_realtime_conversation(
     assert [m.sender for m in rows] == ["alice", "assistant"]
     assert all(m.owner_id == "alice" for m in rows)
     assert all(m.metadata == {"source_type": "realtime", "device_id": "kitchen"} for m in rows)
-    car = stored(home, ConversationKey("agent", "realtime", "car"))
+    car = stored_messages(home, ConversationKey("agent", "realtime", "car"))
     assert [m.content for m in car] == ["Drive me home"]
     # the device's conversation holds them as its window too
     conv = persisting.conversation("agent", "realtime", "kitchen", owner_id="alice")
@@ -109,17 +92,15 @@ def test_v1_the_reviewer_reads_the_user_voice_turns_like_chat_messages(
 
 
 def test_v1_with_persist_transcripts_off_nothing_is_stored(
-    home: Path, model_server: ModelServer
+    running: Memory, home: Path, model_server: ModelServer
 ) -> None:
     assert Config().realtime.persist_transcripts is False  # off by default
-    with Memory(home, config=config_for(model_server, persist=False)) as memory:
-        assert memory.voice_transcript("agent", "kitchen", "user", "I moved", owner_id="a") is None
-        assert (
-            memory.voice_transcript("agent", "kitchen", "assistant", "Nice", owner_id="a") is None
-        )
-        conv = memory.conversation("agent", "realtime", "kitchen", owner_id="a")
-        assert conv.history() == []
-        assert conv.state() is None
+    assert running.config.realtime.persist_transcripts is False
+    assert running.voice_transcript("agent", "kitchen", "user", "I moved", owner_id="a") is None
+    assert running.voice_transcript("agent", "kitchen", "assistant", "Nice", owner_id="a") is None
+    conv = running.conversation("agent", "realtime", "kitchen", owner_id="a")
+    assert conv.history() == []
+    assert conv.state() is None
     for table in ("messages", "messages_fts", "conversations", "memories"):
         assert count_rows(home, table) == 0, table
     assert model_server.requests == []

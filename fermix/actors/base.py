@@ -15,13 +15,17 @@ an actor (read from ``pykka/_actor.py``), and what a :class:`SupervisedActor` re
   a failing ask is the caller's error, not a crash, and no supervisor hears of it.
 - a ``BaseException`` (``SystemExit``) in a message: pykka calls ``_stop()``, so
   ``on_stop()``, then stops every actor. Reported as a normal exit.
+- a ``BaseException`` in ``on_start()``: pykka lets it escape ``_actor_loop()`` before its
+  teardown; the mixin stops the actor through ``_handle_failure()`` and lets it end the
+  thread. Reported as abnormal, with it; asks already queued are never answered.
 
 Every failure passes through ``_handle_failure()`` and every life ends when the thread's
-``_actor_loop()`` returns, so the mixin hooks those two pykka internals instead of asking
-each subclass to call ``super()`` from its ``on_start``, ``on_stop`` and ``on_failure``:
-subclasses override those hooks freely, and the exit is reported exactly once, after the
-actor's own cleanup has run and its pending asks were answered with ``ActorDeadError``.
-tests/test_supervisor.py pins each path above against the installed pykka.
+``_actor_loop()`` returns or raises, so the mixin hooks those two pykka internals instead of
+asking each subclass to call ``super()`` from its ``on_start``, ``on_stop`` and
+``on_failure``: subclasses override those hooks freely, and the exit is reported exactly
+once, after the actor's own cleanup has run and (but for the last path) pykka has answered
+its pending asks with ``ActorDeadError``. tests/test_supervisor.py pins each path above
+against the installed pykka.
 """
 
 from __future__ import annotations

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--home", metavar="DIR", help=HOME_HELP)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
+    command_parser: type[argparse.ArgumentParser] = CommandParser
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=command_parser)
     chat.register(sub)
     memory.register(sub)
     resource.register(sub)
@@ -104,15 +105,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except OSError as exc:
         print(f"fermix: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    except Exception as exc:
-        # A database error no command turned into a typed one (busy past the timeout, an
-        # I/O error): one line for the operator, never a traceback.
-        import apsw
-
-        if not isinstance(exc, apsw.Error):
-            raise
-        print(f"fermix: database error: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print("fermix: interrupted", file=sys.stderr)

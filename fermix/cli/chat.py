@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def cmd_chat(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix chat``."""
-    from fermix.chat import DEFAULT_SYSTEM, ChatOptions, run_chat
+    from fermix.cli.chat_host import DEFAULT_SYSTEM, ChatOptions, run_chat
     from fermix.cli.output import console
     from fermix.config import load_config
 

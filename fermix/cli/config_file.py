@@ -137,7 +137,7 @@ def write_document(path: Path, document: tomlkit.TOMLDocument) -> None:
 
     A new file gets the mode the umask gives (the temporary file would be 0600).
     """
-    from fermix.runtime.prompt_files import write_atomic
+    from fermix.runtime.files import write_atomic
 
     try:
         mode = stat.S_IMODE(path.stat().st_mode)

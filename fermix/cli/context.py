@@ -1,36 +1,41 @@
-"""What every CLI command is handed: the home, and the database opened on first use."""
+"""What every CLI command is handed: the home, and its database opened on first use."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import apsw
-
 from fermix.home import Home
-from fermix.storage import open_database
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.writer import Writer
+from fermix.storage import Database
 
 
 class CommandContext:
-    """The home a command runs on; opens the database lazily and closes it at the end."""
+    """The home a command runs on; opens the database lazily and closes it at the end.
+
+    Commands read through :meth:`db` and write through :meth:`writer`, the same write
+    path a host uses (memory writes rebuild the prompt files they show in).
+    """
 
     def __init__(self, home: Home) -> None:
         self.home = home
-        self._conn: apsw.Connection | None = None
-        self.memory_write_hooks: list[Callable[[CommandContext, str], None]] = []
+        self._db: Database | None = None
+        self._writer: Writer | None = None
 
-    def db(self) -> apsw.Connection:
+    def db(self) -> Database:
         """The home's database, migrated, opened once per command."""
-        if self._conn is None:
-            self._conn = open_database(self.home.db_path)
-        return self._conn
+        if self._db is None:
+            self._db = Database(self.home.db_path, readers=1)
+        return self._db
 
-    def after_memory_write(self, agent_id: str) -> None:
-        """Run what must follow a memory write by the CLI (prompt files are rebuilt there)."""
-        for hook in self.memory_write_hooks:
-            hook(self, agent_id)
+    def writer(self) -> Writer:
+        """The write path over :meth:`db`, with this home's prompt files."""
+        if self._writer is None:
+            db = self.db()
+            self._writer = Writer(db, PromptFiles(self.home, db))
+        return self._writer
 
     def close(self) -> None:
         """Close the database if it was opened."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+            self._writer = None

@@ -7,13 +7,11 @@ import argparse
 from fermix import model
 from fermix.cli import review
 from fermix.cli.context import CommandContext
-from fermix.cli.output import clip, console, print_json, table, when
+from fermix.cli.output import FittedTable, clip, console, print_json, table, when
 from fermix.core import categories
 from fermix.core.render import file_spec
-from fermix.errors import InvalidInputError
+from fermix.errors import InvalidInputError, WriteFailedError
 from fermix.model import MemoryRow, Scope
-from fermix.runtime import prompt_files
-from fermix.storage import memories, transaction
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,7 +81,57 @@ def _renders_in(row: MemoryRow) -> str:
     return "—" if target is None else file_spec(target).filename
 
 
-def _print_rows(ctx: CommandContext, title: str, rows: list[MemoryRow], as_json: bool) -> None:
+def _scope_shown(row: MemoryRow) -> str:
+    """The row's scope as the table shows it: the bare type when it is the row's own owner
+    or agent scope (the owner and agent say whose), else ``type:id``."""
+    own = {"owner": categories.owner_scope_id(row.owner_id), "agent": row.agent_id}
+    if own.get(row.scope_type) == row.scope_id:
+        return row.scope_type
+    return f"{row.scope_type}:{row.scope_id}"
+
+
+def rows_table(title: str, rows: list[MemoryRow]) -> FittedTable:
+    """The table of ``memory list`` and ``memory search`` (at least one row).
+
+    Made to be read at 80 columns: the agent or owner, when every row has the same, is
+    said once in the title instead of in a column; id, category, renders and updated are
+    never cut or wrapped; agent, owner and scope are cut with an ellipsis when the width
+    runs short; only the key and the value wrap. ``--json`` has every field in full.
+    """
+    columns = ["id", "agent", "owner", "scope", "category", "key", "value", "renders", "updated"]
+    agents = {r.agent_id for r in rows}
+    owners = {r.owner_id for r in rows}
+    if len(agents) == 1:
+        title += f" · agent {next(iter(agents))}"
+        columns.remove("agent")
+    if len(owners) == 1:
+        owner = next(iter(owners))
+        title += f" · owner {owner}" if owner else " · the single-user owner"
+        columns.remove("owner")
+    cells = [
+        {
+            "id": r.id,
+            "agent": r.agent_id,
+            "owner": r.owner_id,
+            "scope": _scope_shown(r),
+            "category": r.category,
+            "key": clip(r.key, 30),
+            "value": clip(r.value, 50),
+            "renders": _renders_in(r),
+            "updated": when(r.updated_at),
+        }
+        for r in rows
+    ]
+    return FittedTable(
+        title,
+        columns,
+        [[row[c] for c in columns] for row in cells],
+        wrap=("key", "value"),
+        cut=("agent", "owner", "scope"),
+    )
+
+
+def _print_rows(title: str, rows: list[MemoryRow], as_json: bool) -> None:
     if as_json:
         print_json([{**row.as_dict(), "renders_in": categories.render_target(row)} for row in rows])
         return
@@ -91,66 +139,49 @@ def _print_rows(ctx: CommandContext, title: str, rows: list[MemoryRow], as_json:
     if not rows:
         out.print(f"{title}: no rows", markup=False)
         return
-    out.print(
-        table(
-            title,
-            ["id", "agent", "owner", "scope", "category", "key", "value", "renders", "updated"],
-            [
-                (
-                    r.id,
-                    r.agent_id,
-                    r.owner_id,
-                    f"{r.scope_type}:{r.scope_id}",
-                    r.category + (" (archived)" if r.archived else ""),
-                    clip(r.key, 30),
-                    clip(r.value, 50),
-                    _renders_in(r),
-                    when(r.updated_at),
-                )
-                for r in rows
-            ],
-        )
-    )
+    out.print(rows_table(title, rows))
 
 
 def cmd_list(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix memory list``."""
     scope_type, scopes = _scope_filter(args.scope)
-    rows = memories.list_rows(
-        ctx.db(),
-        agent_id=args.agent,
-        owner_id=args.owner,
-        scope_type=scope_type,
-        scopes=scopes,
-        category=args.category,
-        archived=args.archived,
-        limit=_limit(args.limit),
-    )
-    _print_rows(ctx, "archived memory rows" if args.archived else "memory rows", rows, args.json)
+    with ctx.db().read() as reads:
+        rows = reads.rows(
+            agent_id=args.agent,
+            owner_id=args.owner,
+            scope_type=scope_type,
+            scopes=scopes,
+            category=args.category,
+            archived=args.archived,
+            limit=_limit(args.limit),
+        )
+    _print_rows("archived memory rows" if args.archived else "memory rows", rows, args.json)
     return 0
 
 
 def cmd_search(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix memory search TEXT``."""
     scope_type, scopes = _scope_filter(args.scope)
-    rows = memories.search(
-        ctx.db(),
-        args.text,
-        agent_id=args.agent,
-        owner_id=args.owner,
-        scope_type=scope_type,
-        scopes=scopes,
-        category=args.category,
-        archived=args.archived,
-        limit=_limit(args.limit),
-    )
-    _print_rows(ctx, f"rows matching {clip(args.text, 40)!r}", rows, args.json)
+    with ctx.db().read() as reads:
+        rows = reads.search_rows(
+            args.text,
+            agent_id=args.agent,
+            owner_id=args.owner,
+            scope_type=scope_type,
+            scopes=scopes,
+            category=args.category,
+            archived=args.archived,
+            limit=_limit(args.limit),
+        )
+    archived = "archived " if args.archived else ""
+    _print_rows(f"{archived}rows matching {clip(args.text, 40)!r}", rows, args.json)
     return 0
 
 
 def cmd_show(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix memory show ID``."""
-    row = memories.require(ctx.db(), args.id)
+    with ctx.db().read() as reads:
+        row = reads.require_row(args.id)
     if args.json:
         print_json(row.as_dict())
         return 0
@@ -162,17 +193,19 @@ def cmd_show(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 def cmd_restore(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix memory restore ID``: clear the archive fields, then rebuild prompt files."""
-    conn = ctx.db()
-    with transaction(conn):
-        before = memories.require(conn, args.id)
-        row = memories.restore(conn, args.id)
-    # The row may show again in its agent's prompt files (C5); a shared agent-scoped row
-    # shows in every owner's MEMORY.md, so rebuild_for_rows works out which files.
-    rebuilt = prompt_files.rebuild_for_rows(conn, ctx.home, [row], reason=f"restore:{row.id}")
-    ctx.after_memory_write(row.agent_id)
+    # The row may show again in its agent's prompt files (C5): the writer rebuilds every
+    # file it shows in (a shared agent-scoped row: every owner's MEMORY.md).
+    written = ctx.writer().write_rows(
+        lambda w: [w.require_row(args.id), w.restore_row(args.id)],
+        label=f"restore of row {args.id}",
+        reason=f"restore:{args.id}",
+    )
+    if written.error is not None:
+        raise WriteFailedError(written.error)
+    before, row = written.rows
     changed = [
         {"agent_id": r.agent_id, "owner_id": r.owner_id, "name": f.name, "file": str(f.path)}
-        for r in rebuilt
+        for r in written.files
         for f in r.files
         if f.written or f.revision is not None
     ]

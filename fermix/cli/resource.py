@@ -12,8 +12,6 @@ from fermix.cli.output import console, print_json, table, when
 from fermix.core.render import file_spec
 from fermix.errors import InvalidInputError
 from fermix.model import Revision
-from fermix.runtime import prompt_files
-from fermix.storage import resources
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,7 +74,8 @@ def _who(args: argparse.Namespace) -> str:
 
 def cmd_list(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix resource list``."""
-    found = resources.list_resources(ctx.db(), args.agent)
+    with ctx.db().read() as reads:
+        found = reads.resources(args.agent)
     if args.owner is not None:
         found = [r for r in found if r.owner_id == args.owner]
     if args.json:
@@ -114,9 +113,10 @@ def _limit(value: int) -> int:
 
 def cmd_history(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix resource history NAME``."""
-    revisions = resources.history(
-        ctx.db(), args.agent, args.name, owner_id=args.owner, limit=_limit(args.limit)
-    )
+    with ctx.db().read() as reads:
+        revisions = reads.revisions(
+            args.agent, args.name, owner_id=args.owner, limit=_limit(args.limit)
+        )
     if args.json:
         print_json([_summary(r) for r in revisions])
         return 0
@@ -148,7 +148,8 @@ def _summary(revision: Revision) -> dict[str, object]:
 
 
 def _revision(ctx: CommandContext, args: argparse.Namespace, number: int) -> Revision:
-    return resources.get_revision(ctx.db(), args.agent, args.name, number, owner_id=args.owner)
+    with ctx.db().read() as reads:
+        return reads.revision(args.agent, args.name, number, owner_id=args.owner)
 
 
 def cmd_show(ctx: CommandContext, args: argparse.Namespace) -> int:
@@ -183,9 +184,7 @@ def cmd_diff(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 def cmd_rollback(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix resource rollback NAME REV``: write revision REV back to the file."""
-    result = prompt_files.rollback(
-        ctx.db(), ctx.home, args.agent, args.name, args.rev, owner_id=args.owner
-    )
+    result = ctx.writer().files.rollback(args.agent, args.name, args.rev, owner_id=args.owner)
     recorded = None if result.revision is None else result.revision.revision
     if args.json:
         print_json(

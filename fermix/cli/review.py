@@ -9,7 +9,7 @@ from fermix.cli.context import CommandContext
 from fermix.errors import InvalidInputError
 
 if TYPE_CHECKING:
-    from fermix.actors.reviewer import ReviewResult
+    from fermix.core.review import ReviewResult
 
 
 def add_command(cmds: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,44 +35,36 @@ def cmd_review(ctx: CommandContext, args: argparse.Namespace) -> int:
     # Imported here: the rest of ``fermix memory`` must start fast (no model code).
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
-    from fermix.actors.reviewer import ReviewContext, review_conversation
     from fermix.cli.output import console, print_json, table
     from fermix.config import load_config
-    from fermix.storage import conversations, open_database
-    from fermix.storage.committer import Committer
-    from fermix.storage.pool import ReaderPool
+    from fermix.runtime.reviewing import Reviewing
 
     channel = chat_id = None
     if args.conversation is not None:
         channel, sep, chat_id = args.conversation.partition(":")
         if not sep or not channel or not chat_id:
             raise InvalidInputError("--conversation must look like CHANNEL:CHAT_ID")
-    conn = ctx.db()
-    pending = conversations.with_new_user_messages(
-        conn, agent_id=args.agent, owner_id=args.owner, channel=channel, chat_id=chat_id
-    )
-    committer = Committer(open_database(ctx.home.db_path))
-    readers = ReaderPool(ctx.home.db_path, size=1)
-    review_ctx = ReviewContext(ctx.home, load_config(ctx.home.config_path), committer, readers)
+    db = ctx.db()
+    with db.read() as reads:
+        pending = reads.with_new_user_messages(
+            agent_id=args.agent, owner_id=args.owner, channel=channel, chat_id=chat_id
+        )
+    reviewing = Reviewing(load_config(ctx.home.config_path), db, ctx.writer())
     results: list[ReviewResult] = []
-    try:
-        with Progress(
-            SpinnerColumn(),
-            TextColumn("{task.description}"),
-            console=console(),
-            transient=True,
-            disable=args.json,
-        ) as progress:
-            task = progress.add_task("reviewing", total=len(pending))
-            for state, count in pending:
-                progress.update(
-                    task, description=f"reviewing {state.key.scope_id} ({count} new messages)"
-                )
-                results.append(review_conversation(review_ctx, state.key, force=True))
-                progress.advance(task)
-    finally:
-        committer.close()
-        readers.close()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        console=console(),
+        transient=True,
+        disable=args.json,
+    ) as progress:
+        task = progress.add_task("reviewing", total=len(pending))
+        for state, count in pending:
+            progress.update(
+                task, description=f"reviewing {state.key.scope_id} ({count} new messages)"
+            )
+            results.append(reviewing.review(state.key, force=True))
+            progress.advance(task)
     failed = [r for r in results if r.status == "failed"]
     if args.json:
         print_json({"reviews": [r.as_dict() for r in results], "failed": len(failed)})

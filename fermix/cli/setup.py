@@ -206,7 +206,7 @@ def ask(out: Console, question: Question, current: object) -> object:
 def try_route(out: Console, config: Config, answers: Answers) -> bool:
     """Make one tiny call through the answered route and say how it went."""
     from fermix import llm
-    from fermix.doctor import TINY_PROMPT
+    from fermix.cli.doctor_checks.environment import TINY_PROMPT
 
     values: dict[str, Any] = {}
     for question in MODEL:

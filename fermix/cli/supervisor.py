@@ -6,9 +6,9 @@ import argparse
 import sys
 import time
 
-from fermix import service
 from fermix.cli.context import CommandContext
 from fermix.cli.output import console, print_json, table
+from fermix.server import service
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,5 +1,9 @@
-"""The memory core: categories and scopes, rendering of USER.md / MEMORY.md, the composer.
+"""The pure core: the rules fermix decides by, with no I/O, no SQL and no threads.
 
-Pure rules live in :mod:`~fermix.core.categories` and :mod:`~fermix.core.render`;
-:mod:`~fermix.runtime.prompt_files` is the one module here that touches files.
+Categories and scopes (:mod:`~fermix.core.categories`), rendering of USER.md and MEMORY.md
+(:mod:`~fermix.core.render`), the composer, the reviewer's gate and prompt
+(:mod:`~fermix.core.review`), the model's answer and its parser
+(:mod:`~fermix.core.review_answer`), admission (:mod:`~fermix.core.review_admission`),
+compaction planning, chat commands and the memory tools' schemas and argument checks. A
+rule's test needs no thread and no file.
 """

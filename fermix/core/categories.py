@@ -166,3 +166,61 @@ def render_queries(agent_id: str, owner_id: str) -> tuple[RowQuery, ...]:
         queries += [RowQuery(agent_id, o, category, scopes=agent) for o in owners]
     queries.append(RowQuery(agent_id, owner_id, "context", scope_type="conversation"))
     return tuple(queries)
+
+
+RECALL_SCOPES: Final = ("current", "owner", "all")
+"""How far ``memory_recall`` reaches: this conversation, this owner, everything visible (T2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeGroup:
+    """One filter of the rows a caller may recall: a row owner and its scopes (SC3)."""
+
+    agent_id: str
+    owner_id: str
+    scopes: tuple[Scope, ...] | None = None
+    scope_type: str | None = None
+
+    def filters(self) -> dict[str, Any]:
+        """Keyword arguments for ``memories.list_rows`` and ``memories.search`` (live rows)."""
+        return {
+            "agent_id": self.agent_id,
+            "owner_id": self.owner_id,
+            "scopes": None if self.scopes is None else list(self.scopes),
+            "scope_type": self.scope_type,
+        }
+
+
+def visible_scopes(
+    agent_id: str, owner_id: str, home: ConversationKey | Scope, scope: str = "current"
+) -> tuple[ScopeGroup, ...]:
+    """What ``memory_recall`` may read for a caller at ``scope`` (SC3, T2).
+
+    ``home`` is where the caller stands: its conversation's key, or a scheduled job's
+    scope (:func:`job_scope`). ``current`` is this conversation's rows; ``owner`` adds the
+    owner's profile and the owner's other conversations of this agent; ``all`` adds the
+    agent's working knowledge this owner may see (shared rows and the owner's own). A job
+    sees its own scope only, whatever ``scope`` says.
+    """
+    if scope not in RECALL_SCOPES:
+        raise InvalidInputError(f"scope must be one of {', '.join(RECALL_SCOPES)}, not {scope!r}")
+    if isinstance(home, Scope):
+        if home.type != "job":
+            raise InvalidInputError(f"a caller stands in a conversation or a job, not {home}")
+        return (ScopeGroup(agent_id, owner_id, (home,)),)
+    if home.agent_id != agent_id:
+        raise InvalidInputError(f"conversation {home} is not one of agent {agent_id!r}")
+    current = ScopeGroup(agent_id, owner_id, (conversation_scope(home),))
+    if scope == "current":
+        return (current,)
+    groups = [
+        current,
+        ScopeGroup(agent_id, owner_id, (owner_scope(owner_id),)),
+        ScopeGroup(agent_id, owner_id, scope_type="conversation"),
+    ]
+    if scope == "all":
+        agent = (agent_scope(agent_id),)
+        groups.append(ScopeGroup(agent_id, owner_id, agent))
+        if owner_id != "":
+            groups.append(ScopeGroup(agent_id, "", agent))
+    return tuple(groups)

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fermix.core.compaction import CompactionResult
+
 COMMANDS = {
     "compact": "summarize older messages of this conversation now",
     "new": "start a fresh conversation window (long-term memory is kept)",
@@ -64,3 +66,19 @@ def help_text(host_commands: Mapping[str, str] | None = None) -> str:
     listed = {**COMMANDS, **(host_commands or {})}
     width = max(len(name) for name in listed) + 1
     return "\n".join(f"/{name:<{width}} {doc}" for name, doc in listed.items())
+
+
+CLEARED = "Started a fresh conversation window. Long-term memory is kept."
+"""The reply to ``/new`` and ``/clear``."""
+
+
+def compaction_reply(result: CompactionResult) -> str:
+    """The reply to ``/compact``: what the compaction did."""
+    if result.status == "compacted":
+        return (
+            f"Compacted {result.summarized} older messages into a summary "
+            f"({result.before_tokens} -> {result.after_tokens} tokens)."
+        )
+    if result.status == "failed":
+        return f"Compaction failed: {result.error}"
+    return "Nothing to compact yet."

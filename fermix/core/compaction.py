@@ -5,6 +5,9 @@ window, the older part of the window is summarized into one checkpoint message. 
 keeps the newest messages that fit the compaction budget (``0.5`` x the window) after room
 is reserved for the summary, and summarizes everything older, the previous checkpoint
 included. Nothing is deleted: the summarized messages stay in SQLite behind the checkpoint.
+
+:class:`CompactionResult` is what one attempt did, named here so the actor and the facade
+can speak of it without the runtime that produces it (``fermix.runtime.compacting``).
 """
 
 from __future__ import annotations
@@ -15,16 +18,22 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
-from fermix.model import Message
-from fermix.tokens import count_tokens, encoding_name_for, truncate_to_tokens
+from fermix.model import ConversationKey, Message
+from fermix.tokens import (
+    MESSAGE_OVERHEAD_TOKENS,
+    count_tokens,
+    encoding_name_for,
+    truncate_to_tokens,
+)
 
 _counts: OrderedDict[tuple[int, int, int, str], int] = OrderedDict()
 _counts_lock = threading.Lock()
 
 BUDGET_RATIO = 0.5
 """The compaction budget: checkpoint plus kept messages fit in this share of the window."""
-MESSAGE_OVERHEAD = 4
+MESSAGE_OVERHEAD = MESSAGE_OVERHEAD_TOKENS
 MIN_SUMMARY_TOKENS = 128
 MAX_SUMMARY_TOKENS = 4_096
 FAILURE_BACKOFF_MS = 60_000
@@ -213,3 +222,32 @@ def fit_summary(summary: str, *, plan: Plan, model: str | None) -> str:
     if count_tokens(text, model) > room:
         text = truncate_to_tokens(text, room, model)
     return text
+
+
+@dataclass
+class CompactionResult:
+    """What one compaction attempt did."""
+
+    key: ConversationKey
+    status: str
+    """``compacted``, ``skipped`` or ``failed``."""
+    reason: str = ""
+    """Why it was skipped: ``cold``, ``disabled``, ``failure_backoff``,
+    ``unknown_context_window``, ``under_threshold`` or ``nothing_to_summarize``."""
+    summarized: int = 0
+    kept: int = 0
+    before_tokens: int = 0
+    after_tokens: int = 0
+    model: str | None = None
+    error: str | None = None
+
+    @property
+    def notice(self) -> str | None:
+        """The chat notice after a successful compaction (K3)."""
+        return NOTICE if self.status == "compacted" else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary."""
+        return {k: v for k, v in self.__dict__.items() if k != "key"} | {
+            "conversation": f"{self.key.agent_id}/{self.key.scope_id}"
+        }

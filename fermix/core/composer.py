@@ -1,4 +1,4 @@
-"""``PromptComposer``: system prompt, memory context, history, as litellm messages (P1, T5).
+"""The composer: system prompt, memory context, history, as litellm messages (P1, T5).
 
 The composed list is: the host's system prompt; then, when USER.md or MEMORY.md has text,
 one system message holding a single ``<memory-context>`` block, labelled as informational
@@ -17,15 +17,11 @@ the closing one.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from fermix.core.render import FILES, escape_markup, strip_invisible
-from fermix.home import Home
 from fermix.model import Message
-from fermix.runtime import prompt_files
 
 FENCE_OPEN: Final = "<memory-context>"
 FENCE_CLOSE: Final = "</memory-context>"
@@ -92,45 +88,3 @@ def compose(
         out.append({"role": "system", "content": block})
     out += [history_message(m) for m in history]
     return out
-
-
-class PromptComposer:
-    """Composes prompts from the prompt files of a home, re-reading a file only when it changes.
-
-    A file is known by its inode, modification time and size; a rebuild replaces the file
-    by rename (a new inode), so the next compose reads the new text.
-    """
-
-    def __init__(self, home: Home) -> None:
-        self.home = home
-        self._files: dict[Path, tuple[tuple[int, int, int], str]] = {}
-
-    def _read(self, path: Path) -> str:
-        try:
-            stat = os.stat(path)
-        except FileNotFoundError:
-            self._files.pop(path, None)
-            return ""
-        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
-        cached = self._files.get(path)
-        if cached is not None and cached[0] == stamp:
-            return cached[1]
-        try:
-            text = path.read_bytes().decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
-        self._files[path] = (stamp, text)
-        return text
-
-    def files(self, agent_id: str, owner_id: str = "") -> tuple[str, str]:
-        """The current USER.md and MEMORY.md of ``agent_id`` for ``owner_id``."""
-        folder = prompt_files.prompt_dir(self.home, agent_id, owner_id)
-        user_md, memory_md = (self._read(folder / spec.filename) for spec in FILES)
-        return user_md, memory_md
-
-    def compose(
-        self, system: str, agent_id: str, history: Sequence[Message], *, owner_id: str = ""
-    ) -> list[dict[str, Any]]:
-        """The litellm messages for a turn of ``agent_id`` with ``owner_id`` (P1, T5)."""
-        user_md, memory_md = self.files(agent_id, owner_id)
-        return compose(system, user_md, memory_md, history)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from fermix.core.categories import renders
-from fermix.model import MEMORY_MD, USER_MD, MemoryRow
+from fermix.model import MEMORY_MD, USER_MD, MemoryRow, Revision
 from fermix.tokens import count_tokens
 
 MAX_VALUE_CHARS: Final = 200
@@ -243,3 +243,20 @@ def render_files(rows: Iterable[MemoryRow], *, agent_id: str, owner_id: str) -> 
         render_user_md(listed, agent_id=agent_id, owner_id=owner_id),
         render_memory_md(listed, agent_id=agent_id, owner_id=owner_id),
     )
+
+
+def file_lags(rendered: str, current: Revision | None, on_disk: bytes | None) -> bool:
+    """Whether a prompt file or its current revision lags ``rendered`` (S1, C5, P2).
+
+    This is the one staleness rule: ``fermix doctor``, the repair at start and after a
+    failed rebuild all use it. A current revision that is a rollback is the operator's
+    choice (P2): the file should hold that revision until the next rebuild, so it is not
+    stale while file and revision agree. A missing file is current when it would be empty.
+    """
+    rolled_back = current is not None and current.reason.startswith("rollback:")
+    want = current.content if current is not None and rolled_back else rendered
+    recorded = "" if current is None else current.content
+    if recorded != want:
+        return True
+    missing_but_empty = on_disk is None and want == ""
+    return on_disk != want.encode("utf-8") and not missing_but_empty

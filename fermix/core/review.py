@@ -1,47 +1,36 @@
-"""The memory reviewer's rules, as pure functions (E2-E5, E9, C2, SC3).
+"""The memory reviewer's rules, as pure functions: when, what in, and the prompt (E2, E3, E9,
+C2).
 
 One review reads the user-sent messages since the last review and the memory rows shown to
-it, makes one model call, and applies strict operations. This module decides everything
-that needs no I/O: whether a review is due, which messages go in, the prompt, how the
-model's answer is parsed, and which operations are admitted.
+it, makes one model call, and applies strict operations. The rules that need no I/O are
+split by what they decide:
 
-Output format (documented for operators and model authors). The model answers either the
-literal ``Nothing to save.`` or one JSON object::
+- this module: whether a review is due (:func:`gate`), which messages go in
+  (:func:`pack_messages`), the prompt (:func:`build_prompt`), and :class:`ReviewResult`;
+- :mod:`fermix.core.review_answer`: the model's answer, its format and its parser (E4);
+- :mod:`fermix.core.review_admission`: which of the parsed operations are admitted (E5, SC3).
 
-    {"operations": [
-        {"op": "add", "category": "preference", "key": "drink", "value": "Drinks green tea"},
-        {"op": "replace", "id": 12, "value": "Lives in Porto since 2026"},
-        {"op": "archive", "id": 7, "reason": "no longer works at Acme"}
-    ]}
-
-``replace`` may also carry ``key`` and ``category``. Any other shape, an unknown field, a
-wrong type or an unknown op rejects the whole answer (E4). The same schema is passed as
-``response_format`` where the model supports it; a model that refuses it is asked again
-without, and its text answer goes through the same parser (a JSON object inside a code
-fence is accepted).
+:class:`ReviewResult` is what one review did, named here so the actor and the facades can
+speak of it without the runtime that produces it (``fermix.runtime.reviewing``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from fermix.core import categories
-from fermix.errors import ReviewOutputError
-from fermix.model import CATEGORIES, ConversationState, MemoryRow, Message
-from fermix.tokens import count_tokens
+from fermix.core.review_admission import MAX_VALUE_CHARS
+from fermix.core.review_answer import NOTHING_TO_SAVE
+from fermix.model import ConversationKey, ConversationState, MemoryRow, Message
+from fermix.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens
 
-NOTHING_TO_SAVE = "Nothing to save."
-MAX_OPERATIONS = 50
-MAX_KEY_CHARS = 80
-MAX_VALUE_CHARS = 500
-"""Longer values are refused, not cut: the reviewer must generalize, not paste (E4, E9)."""
-MAX_REASON_CHARS = 300
 REVIEWER = "reviewer"
+"""Who archived a row the review archived (``archived_by``)."""
+CLAIM_TTL_MS = 10 * 60 * 1000
+"""How long a review claim holds; a claim past it (its reviewer died) is taken over (E2)."""
 
 
 class Skip(StrEnum):
@@ -52,6 +41,42 @@ class Skip(StrEnum):
     FAILURE_BACKOFF = "failure_backoff"
     NO_NEW_MESSAGES = "no_new_messages"
     CLAIMED = "claimed"
+
+
+@dataclass
+class ReviewResult:
+    """What one review did."""
+
+    key: ConversationKey
+    status: str
+    """``applied``, ``nothing``, ``skipped`` or ``failed``."""
+    skip: Skip | None = None
+    added: int = 0
+    replaced: int = 0
+    archived: int = 0
+    refused: list[str] = field(default_factory=list)
+    messages: int = 0
+    model: str | None = None
+    tried: tuple[tuple[str, str], ...] = ()
+    error: str | None = None
+    files_changed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary."""
+        return {
+            "conversation": f"{self.key.agent_id}/{self.key.scope_id}",
+            "status": self.status,
+            "skip": None if self.skip is None else self.skip.value,
+            "messages": self.messages,
+            "added": self.added,
+            "replaced": self.replaced,
+            "archived": self.archived,
+            "refused": self.refused,
+            "model": self.model,
+            "tried": [list(t) for t in self.tried],
+            "error": self.error,
+            "files_changed": self.files_changed,
+        }
 
 
 def gate(
@@ -96,7 +121,7 @@ def pack_messages(
     for message in sorted(messages, key=lambda m: m.id, reverse=True):
         if len(kept) >= max_messages:
             break
-        cost = count_tokens(message.content, model) + 4
+        cost = count_tokens(message.content, model) + MESSAGE_OVERHEAD_TOKENS
         if cost > token_budget:
             continue
         if used + cost > token_budget:
@@ -138,38 +163,6 @@ Answer with exactly one JSON object {{"operations": [...]}} where each operation
 keys are short snake_case names, values at most {MAX_VALUE_CHARS} characters.
 If there is nothing worth remembering, answer exactly: {NOTHING_TO_SAVE}"""
 
-RESPONSE_SCHEMA: dict[str, Any] = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "memory_operations",
-        "strict": False,
-        "schema": {
-            "type": "object",
-            "properties": {
-                "operations": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "op": {"type": "string", "enum": ["add", "replace", "archive"]},
-                            "id": {"type": "integer"},
-                            "category": {"type": "string", "enum": list(CATEGORIES)},
-                            "key": {"type": "string"},
-                            "value": {"type": "string"},
-                            "reason": {"type": "string"},
-                        },
-                        "required": ["op"],
-                        "additionalProperties": False,
-                    },
-                }
-            },
-            "required": ["operations"],
-            "additionalProperties": False,
-        },
-    },
-}
-"""The answer's JSON schema, passed as ``response_format`` where the model supports it."""
-
 
 def build_prompt(messages: Sequence[Message], rows: Sequence[MemoryRow]) -> list[dict[str, str]]:
     """The reviewer's two messages: the rules, then the data as one JSON document."""
@@ -190,170 +183,3 @@ def build_prompt(messages: Sequence[Message], rows: Sequence[MemoryRow]) -> list
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": json.dumps(data, ensure_ascii=False)},
     ]
-
-
-@dataclass(frozen=True, slots=True)
-class Operation:
-    """One operation the model asked for."""
-
-    op: str
-    id: int | None = None
-    category: str | None = None
-    key: str | None = None
-    value: str | None = None
-    reason: str | None = None
-
-
-_FIELDS = {
-    "add": ({"op", "category", "key", "value"}, set()),
-    "replace": ({"op", "id", "value"}, {"key", "category"}),
-    "archive": ({"op", "id"}, {"reason"}),
-}
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
-
-
-def parse(text: str) -> list[Operation]:
-    """The operations in the model's answer; ``[]`` for ``Nothing to save.``.
-
-    Raises :class:`ReviewOutputError` with the reason when the answer is malformed; the
-    answer is then rejected whole (E4).
-    """
-    if not isinstance(text, str):
-        raise ReviewOutputError("the answer is not text")
-    body = text.strip()
-    if body.rstrip(".").strip().lower() == NOTHING_TO_SAVE.rstrip(".").lower():
-        return []
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1)
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        msg = f"the answer is neither JSON nor {NOTHING_TO_SAVE!r}: {exc}"
-        raise ReviewOutputError(msg) from None
-    if not isinstance(data, dict) or set(data) != {"operations"}:
-        raise ReviewOutputError('the answer must be one object with only "operations"')
-    items = data["operations"]
-    if not isinstance(items, list):
-        raise ReviewOutputError('"operations" must be a list')
-    if len(items) > MAX_OPERATIONS:
-        raise ReviewOutputError(f"{len(items)} operations; at most {MAX_OPERATIONS}")
-    return [_operation(i, item) for i, item in enumerate(items)]
-
-
-def _operation(index: int, item: object) -> Operation:
-    where = f"operation {index}"
-    if not isinstance(item, dict):
-        raise ReviewOutputError(f"{where} is not an object")
-    op = item.get("op")
-    if not isinstance(op, str) or op not in _FIELDS:
-        raise ReviewOutputError(f"{where} has an unknown op {op!r}")
-    required, optional = _FIELDS[op]
-    missing = required - set(item)
-    extra = set(item) - required - optional
-    if missing or extra:
-        raise ReviewOutputError(
-            f"{where} ({op}) is missing {sorted(missing)} or has unknown fields {sorted(extra)}"
-        )
-    if "id" in item and (isinstance(item["id"], bool) or not isinstance(item["id"], int)):
-        raise ReviewOutputError(f"{where}: id must be an integer")
-    for name in ("category", "key", "value", "reason"):
-        if name in item and not isinstance(item[name], str):
-            raise ReviewOutputError(f"{where}: {name} must be a string")
-    return Operation(
-        op=op,
-        id=item.get("id"),
-        category=item.get("category"),
-        key=item.get("key"),
-        value=item.get("value"),
-        reason=item.get("reason"),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """An operation admission refused, and why."""
-
-    operation: Operation
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """The operations admitted and those refused."""
-
-    admitted: tuple[Operation, ...]
-    refused: tuple[Refusal, ...]
-
-
-def _clean(text: str) -> str:
-    return " ".join(text.split())
-
-
-def admit(operations: Sequence[Operation], *, shown: Sequence[MemoryRow], trust: str) -> Admission:
-    """Apply admission (E5, SC3): trust gate, categories, value limits, ids shown to this review.
-
-    A ``replace`` or ``archive`` may only name a row that was shown to this review, so text
-    written by a user cannot steer the reviewer into another owner's or agent's rows. A
-    guest conversation can neither write ``directive`` nor change or archive one.
-    """
-    by_id = {row.id: row for row in shown}
-    admitted: list[Operation] = []
-    refused: list[Refusal] = []
-    touched: set[int] = set()
-    added_keys: set[tuple[str, str]] = set()
-
-    def refuse(op: Operation, why: str) -> None:
-        refused.append(Refusal(op, why))
-
-    for op in operations:
-        value = None if op.value is None else _clean(op.value)
-        key = None if op.key is None else _key(op.key)
-        if op.category is not None and op.category not in CATEGORIES:
-            refuse(op, f"unknown category {op.category!r}")
-            continue
-        if op.op in ("replace", "archive"):
-            row = by_id.get(op.id or -1)
-            if row is None:
-                refuse(op, f"id {op.id} was not shown to this review")
-                continue
-            if row.id in touched:
-                refuse(op, f"row {row.id} is already changed by this review")
-                continue
-            if trust != "operator" and "directive" in (row.category, op.category):
-                refuse(op, "a guest conversation cannot change a directive")
-                continue
-        if op.op == "add":
-            assert op.category is not None
-            if not categories.may_write(op.category, trust):
-                refuse(op, f"a {trust} conversation cannot write {op.category!r}")
-                continue
-            if not key:
-                refuse(op, "empty key")
-                continue
-            if (op.category, key) in added_keys:
-                refuse(op, f"key {key!r} is added twice")
-                continue
-        if op.op in ("add", "replace"):
-            if not value:
-                refuse(op, "empty value")
-                continue
-            if len(value) > MAX_VALUE_CHARS:
-                refuse(op, f"value is {len(value)} characters; the limit is {MAX_VALUE_CHARS}")
-                continue
-            if op.key is not None and not key:
-                refuse(op, "empty key")
-                continue
-        reason = None if op.reason is None else _clean(op.reason)[:MAX_REASON_CHARS]
-        clean = Operation(op.op, op.id, op.category, key, value, reason)
-        admitted.append(clean)
-        if op.id is not None:
-            touched.add(op.id)
-        if op.op == "add" and op.category is not None and key:
-            added_keys.add((op.category, key))
-    return Admission(tuple(admitted), tuple(refused))
-
-
-def _key(text: str) -> str:
-    key = re.sub(r"[^\w.-]+", "_", text.strip().lower()).strip("_")
-    return key[:MAX_KEY_CHARS]

@@ -1,45 +1,38 @@
-"""USER.md and MEMORY.md on disk, and their revisions (C5, P2).
+"""``PromptFiles``: USER.md and MEMORY.md rendered from SQLite, and their revisions (C5, P2).
 
-The files are derived artifacts (S1): :func:`rebuild` renders them from the rows in SQLite,
-writes a file only when its bytes change, and records a revision of resource ``user_md``
-or ``memory_md`` only when the content changes. The revisions are recorded and the files
-replaced inside one write transaction, from rows that are known to be current under that
-transaction's lock, so two processes rebuilding at once cannot leave a file or a revision
-behind the rows. A fault that can pass is retried; one that persists is a
-:class:`~fermix.errors.WriteFailedError`, and the files are left for
-:func:`fermix.runtime.repair.repair`.
-
-Layout: ``memory/<agent_id>/USER.md`` and ``MEMORY.md`` for the single-user default owner
-``""``; ``memory/<agent_id>/owners/<owner_id>/...`` for every other owner, so one user's
-facts never reach another user's prompt. Both ids must be safe path segments
-(:class:`~fermix.errors.UnsafePathSegmentError`, raised before anything is touched).
+The files are derived artifacts (S1). A rebuild of one agent and owner renders the rows,
+records a revision of resource ``user_md`` or ``memory_md`` when a file's content changes
+(one write unit through the process's writer, re-rendered under the write lock if a memory
+row changed meanwhile), and only then, outside the database's write lock, replaces the files
+whose bytes differ (M6). The pair's lock (:class:`~fermix.runtime.files.PairLocks`) orders
+rebuilds of the same files across threads and processes, so a file never goes back to an
+older rendering. A fault that can pass is retried; one that persists is a
+:class:`~fermix.errors.WriteFailedError`, and :meth:`PromptFiles.repair` renders the files
+again later.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import apsw
+import tenacity
 
-from fermix import model, validate
+from fermix import validate
 from fermix.core import categories, render
-from fermix.core.render import FILES, FileSpec, file_spec
-from fermix.errors import UnsafePathSegmentError, WriteFailedError
+from fermix.core.render import FILES, FileSpec, RenderedFiles
+from fermix.errors import WriteFailedError
 from fermix.home import Home
-from fermix.model import MemoryRow, Revision
-from fermix.storage import memories, resources, transaction
-from fermix.storage.connection import fetch_rows
-from fermix.storage.retry import retrying
+from fermix.model import MemoryRow, Revision, check_resource_name
+from fermix.runtime import files
+from fermix.storage import Database, Reads, Writes
 
-OWNERS_DIR = "owners"
+log = logging.getLogger(__name__)
 
-_log = logging.getLogger(__name__)
+FILE_ATTEMPTS = 3
+"""Attempts at replacing a file before a rebuild gives up (a disk hiccup can pass)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +50,7 @@ class FileResult:
 
 @dataclass(frozen=True, slots=True)
 class RebuildResult:
-    """What :func:`rebuild` did to both files of one agent and owner."""
+    """What a rebuild did to both files of one agent and owner."""
 
     agent_id: str
     owner_id: str
@@ -75,101 +68,7 @@ class RebuildResult:
         return any(f.written or f.revision is not None for f in self.files)
 
 
-def _check_ids(agent_id: str, owner_id: str) -> None:
-    validate.path_segment("agent_id", agent_id)
-    validate.identifier("owner_id", owner_id, allow_empty=True)
-
-
-def owner_segment(owner_id: str) -> str:
-    """The directory name of ``owner_id``'s prompt files.
-
-    A safe id is used as it is. Any other id a host may use (``telegram:42``, an e-mail
-    with a space, non-ASCII names) becomes ``_`` and a digest of it: safe ids never start
-    with ``_``, so the two kinds cannot collide, and no owner id can name a path outside.
-    """
-    try:
-        return validate.path_segment("owner_id", owner_id)
-    except UnsafePathSegmentError:
-        return "_" + hashlib.sha256(owner_id.encode("utf-8")).hexdigest()[:32]
-
-
-def _has_files(agent_id: str, owner_id: str) -> bool:
-    """Whether both ids are safe path segments; logs why not when they are not."""
-    try:
-        _check_ids(agent_id, owner_id)
-    except UnsafePathSegmentError as exc:
-        _log.warning("no prompt files for agent %r, owner %r: %s", agent_id, owner_id, exc)
-        return False
-    return True
-
-
-def prompt_dir(home: Home, agent_id: str, owner_id: str = "") -> Path:
-    """The directory of ``agent_id``'s prompt files for ``owner_id``; unsafe ids are refused."""
-    _check_ids(agent_id, owner_id)
-    base = home.agent_dir(agent_id)
-    return base if owner_id == "" else base / OWNERS_DIR / owner_segment(owner_id)
-
-
-def paths(home: Home, agent_id: str, owner_id: str = "") -> tuple[Path, Path]:
-    """The paths of USER.md and MEMORY.md of ``agent_id`` for ``owner_id``."""
-    folder = prompt_dir(home, agent_id, owner_id)
-    return (folder / FILES[0].filename, folder / FILES[1].filename)
-
-
-def file_path(home: Home, agent_id: str, name: str, owner_id: str = "") -> Path:
-    """The path of resource ``name`` (``user_md`` or ``memory_md``)."""
-    spec = file_spec(model.check_resource_name(name))
-    return prompt_dir(home, agent_id, owner_id) / spec.filename
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a reader sees the old or the new file, never half.
-
-    The text goes to a temporary file in the same directory, which is fsynced, renamed over
-    ``path`` with :func:`os.replace`, and the directory is fsynced so the rename is durable.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode("utf-8"))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":  # directories cannot be opened for fsync on Windows
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-
-
-def read_files(home: Home, agent_id: str, owner_id: str = "") -> tuple[str, str]:
-    """The text of USER.md and MEMORY.md (``""`` for a missing file)."""
-    folder = prompt_dir(home, agent_id, owner_id)
-    texts = []
-    for spec in FILES:
-        data = _read(folder / spec.filename)
-        texts.append("" if data is None else data.decode("utf-8", "replace"))
-    return texts[0], texts[1]
-
-
-def load_rows(conn: apsw.Connection, agent_id: str, owner_id: str = "") -> list[MemoryRow]:
+def load_rows(reads: Reads, agent_id: str, owner_id: str = "") -> list[MemoryRow]:
     """The rows that may render for ``agent_id`` and ``owner_id``: each section's newest.
 
     Each :func:`~fermix.core.categories.render_queries` filter is read with its section's
@@ -179,10 +78,10 @@ def load_rows(conn: apsw.Connection, agent_id: str, owner_id: str = "") -> list[
     """
     picked: list[MemoryRow] = []
     for query in categories.render_queries(agent_id, owner_id):
-        cap = file_spec(query.target).cap(query.category)
+        cap = render.file_spec(query.target).cap(query.category)
         limit = cap
         while True:
-            rows = memories.list_rows(conn, **query.filters(), limit=limit)
+            rows = reads.rows(**query.filters(), limit=limit)
             fits = [r for r in rows if categories.renders(r, agent_id=agent_id, owner_id=owner_id)]
             shown = sum(1 for r in fits if render.render_value(r.value))
             if shown >= cap or len(rows) < limit:
@@ -192,167 +91,230 @@ def load_rows(conn: apsw.Connection, agent_id: str, owner_id: str = "") -> list[
     return picked
 
 
-def _apply(
-    conn: apsw.Connection,
-    folder: Path,
-    spec: FileSpec,
-    content: str,
-    *,
-    agent_id: str,
-    owner_id: str,
-    reason: str,
-) -> FileResult:
-    """Record a revision if the content changed, then write the file if its bytes changed."""
-    path = folder / spec.filename
-    latest = resources.current(conn, agent_id, spec.name, owner_id=owner_id)
-    revision = None
-    if latest is not None or content != "":
-        revision = resources.record(
-            conn, agent_id, spec.name, content, reason=reason, owner_id=owner_id
-        )
-    data = content.encode("utf-8")
-    on_disk = _read(path)
-    written = on_disk != data and not (on_disk is None and content == "")
-    if written:
-        write_atomic(path, content)
-    return FileResult(spec.name, path, content, written, revision)
-
-
-def rebuild(
-    conn: apsw.Connection,
-    home: Home,
-    agent_id: str,
-    owner_id: str = "",
-    *,
-    reason: str = "rebuild",
-) -> RebuildResult:
-    """Render both prompt files of ``agent_id`` for ``owner_id`` from SQLite (C5, P2).
-
-    Rebuilding from unchanged rows changes neither the files nor the revisions; a file
-    that was edited or rolled back on disk is written again with the rendered content.
-    Call it after the write transaction that changed the rows has committed.
-    """
-    folder = prompt_dir(home, agent_id, owner_id)
-    try:
-        # Idempotent (render, record if changed, write if changed), so a fault that can
-        # pass is simply retried; a persistent one is typed, and nothing of it committed.
-        result: RebuildResult = retrying()(_rebuild_once, conn, folder, agent_id, owner_id, reason)
-    except (apsw.Error, OSError) as exc:
-        raise WriteFailedError(
-            f"prompt files of agent {agent_id!r}, owner {owner_id!r} not rebuilt: {exc}"
-        ) from exc
-    return result
-
-
-def _rebuild_once(
-    conn: apsw.Connection, folder: Path, agent_id: str, owner_id: str, reason: str
-) -> RebuildResult:
-    # Render before taking the write lock, so writers (appends on a turn's path) wait only
-    # for the revisions and the file replacements; if any memory row changed meanwhile,
-    # render again under the lock, where nothing can change.
-    counter = memories.change_counter(conn)
-    rendered = _render(conn, agent_id, owner_id)
-    with transaction(conn):
-        if memories.change_counter(conn) != counter:
-            rendered = _render(conn, agent_id, owner_id)
-        user, memory = (
-            _apply(conn, folder, spec, text, agent_id=agent_id, owner_id=owner_id, reason=reason)
-            for spec, text in zip(FILES, rendered, strict=True)
-        )
-    return RebuildResult(agent_id, owner_id, user, memory)
-
-
-def _render(conn: apsw.Connection, agent_id: str, owner_id: str) -> render.RenderedFiles:
-    rows = load_rows(conn, agent_id, owner_id)
+def render_pair(reads: Reads, agent_id: str, owner_id: str) -> RenderedFiles:
+    """USER.md and MEMORY.md of ``agent_id`` for ``owner_id``, rendered from the rows now."""
+    rows = load_rows(reads, agent_id, owner_id)
     return render.render_files(rows, agent_id=agent_id, owner_id=owner_id)
 
 
-def owners_of(conn: apsw.Connection, agent_id: str) -> list[str]:
-    """Every owner of ``agent_id`` that has memory rows or prompt-file resources, ``""`` first."""
-    found = {
-        str(owner)
-        for (owner,) in fetch_rows(
-            conn,
-            "SELECT owner_id FROM memories WHERE agent_id = ?"
-            " UNION SELECT owner_id FROM resources WHERE agent_id = ?",
-            (agent_id, agent_id),
+class PromptFiles:
+    """The prompt files of one home, rebuilt through the process's one writer."""
+
+    def __init__(self, home: Home, db: Database) -> None:
+        self.home = home
+        self._db = db
+        self._locks = files.PairLocks()
+        self._cache = files.FileCache()
+        self._seen: set[tuple[str, str]] = set()
+
+    # -- reading ----------------------------------------------------------------------
+
+    def texts(self, agent_id: str, owner_id: str = "") -> tuple[str, str]:
+        """The current USER.md and MEMORY.md of ``agent_id`` for ``owner_id`` (P1).
+
+        An owner seen for the first time gets its files rendered first: rebuilds after a
+        memory write cover the owners that already have files, and a new owner (a new
+        guest, say) must still see the agent's shared rows.
+        """
+        pair = (agent_id, owner_id)
+        if pair not in self._seen:
+            if not any(p.exists() for p in files.paths(self.home, agent_id, owner_id)):
+                self.rebuild(agent_id, owner_id)
+            self._seen.add(pair)
+        return self._cache.texts(self.home, agent_id, owner_id)
+
+    # -- rebuilding -------------------------------------------------------------------
+
+    def rebuild(
+        self, agent_id: str, owner_id: str = "", *, reason: str = "rebuild"
+    ) -> RebuildResult:
+        """Render both prompt files of ``agent_id`` for ``owner_id`` from SQLite (C5, P2).
+
+        Rebuilding from unchanged rows changes neither the files nor the revisions; a file
+        that was edited or rolled back on disk is written again with the rendered content.
+        """
+        folder = files.prompt_dir(self.home, agent_id, owner_id)
+        with self._locks.hold(folder):
+            with self._db.read() as reads:
+                version = reads.memory_version()
+                rendered = render_pair(reads, agent_id, owner_id)
+
+            def record(writes: Writes) -> list[tuple[str, Revision | None]]:
+                # Rows changed since the render: render again, where nothing can change.
+                texts = rendered
+                if writes.memory_version() != version:
+                    texts = render_pair(writes, agent_id, owner_id)
+                return [
+                    (text, _record(writes, agent_id, owner_id, spec, text, reason))
+                    for spec, text in zip(FILES, texts, strict=True)
+                ]
+
+            recorded = self._db.write(record, label=f"prompt files of {agent_id}")
+            # Written after the commit, outside the database's write lock (M6).
+            user, memory = (
+                self._replace(folder / spec.filename, spec.name, text, revision)
+                for spec, (text, revision) in zip(FILES, recorded, strict=True)
+            )
+        return RebuildResult(agent_id, owner_id, user, memory)
+
+    def rebuild_agent(self, agent_id: str, *, reason: str = "rebuild") -> list[RebuildResult]:
+        """Rebuild the prompt files of every owner of ``agent_id``.
+
+        An owner whose id cannot name a folder has no prompt files: it is skipped with a
+        warning, so it cannot hold back every other owner's rebuild.
+        """
+        validate.path_segment("agent_id", agent_id)
+        with self._db.read() as reads:
+            owners = reads.memory_owners(agent_id)
+        return [
+            self.rebuild(agent_id, owner_id, reason=reason)
+            for owner_id in owners
+            if _has_files(agent_id, owner_id)
+        ]
+
+    def rebuild_for_rows(
+        self,
+        rows: Iterable[MemoryRow],
+        *,
+        reason: str = "rebuild",
+        also: Iterable[tuple[str, str]] = (),
+    ) -> list[RebuildResult]:
+        """Rebuild every prompt file the written ``rows`` may show in (after a write, C5).
+
+        A shared agent-scoped row (owner ``""``) renders for every owner of its agent, so
+        its agent is rebuilt for all owners; any other row only for its own agent and
+        owner. Rows count as they are now or were before the write: archiving one must take
+        it out of the files. ``also`` names more (agent, owner) pairs to rebuild when any
+        row was written (a conversation's owner who has no files yet).
+        """
+        rows = list(rows)
+        everyone: set[str] = set()
+        single: set[tuple[str, str]] = set()
+        for row in rows:
+            live = row if not row.archived else _as_live(row)
+            if categories.shared_across_owners(live):
+                everyone.add(row.agent_id)
+            elif categories.render_target(live) is not None:
+                single.add((row.agent_id, row.owner_id))
+        if rows:
+            single.update(also)
+        results = []
+        for agent_id in sorted(everyone):
+            if _has_files(agent_id, ""):
+                results += self.rebuild_agent(agent_id, reason=reason)
+        done = {(r.agent_id, r.owner_id) for r in results}
+        for agent_id, owner_id in sorted(single - done):
+            if _has_files(agent_id, owner_id):
+                results.append(self.rebuild(agent_id, owner_id, reason=reason))
+        return results
+
+    def rollback(self, agent_id: str, name: str, revision: int, owner_id: str = "") -> FileResult:
+        """Write revision ``revision`` of ``name`` back to its file and record it (P2).
+
+        The new revision's reason is ``rollback:N``. The file stays a derived artifact: the
+        next rebuild from unchanged rows writes the rendered content again.
+        """
+        folder = files.prompt_dir(self.home, agent_id, owner_id)
+        spec = render.file_spec(check_resource_name(name))
+        with self._locks.hold(folder):
+
+            def record(writes: Writes) -> tuple[str, Revision | None]:
+                old = writes.revision(agent_id, spec.name, revision, owner_id=owner_id)
+                reason = f"rollback:{revision}"
+                return old.content, _record(writes, agent_id, owner_id, spec, old.content, reason)
+
+            content, recorded = self._db.write(record, label=f"rollback of {agent_id}")
+            return self._replace(folder / spec.filename, spec.name, content, recorded)
+
+    # -- staleness and repair ---------------------------------------------------------
+
+    def stale(self, *, agent_id: str | None = None) -> list[tuple[str, str]]:
+        """The (agent, owner) pairs whose files or current revisions lag their rows.
+
+        One rule for every caller (:func:`~fermix.core.render.file_lags`): a file that is
+        its current revision, that revision a rollback, is the operator's choice (P2).
+        """
+        found = []
+        with self._db.read() as reads:
+            agents = reads.memory_agents() if agent_id is None else [agent_id]
+            for agent in agents:
+                for owner in reads.memory_owners(agent):
+                    if _has_files(agent, owner) and self._lags(reads, agent, owner):
+                        found.append((agent, owner))
+        return found
+
+    def _lags(self, reads: Reads, agent_id: str, owner_id: str) -> bool:
+        folder = files.prompt_dir(self.home, agent_id, owner_id)
+        rendered = render_pair(reads, agent_id, owner_id)
+        return any(
+            render.file_lags(
+                text,
+                reads.current_revision(agent_id, spec.name, owner_id=owner_id),
+                files.read_bytes(folder / spec.filename),
+            )
+            for spec, text in zip(FILES, rendered, strict=True)
         )
-    }
-    return ["", *sorted(found - {""})]
+
+    def repair(self, *, agent_id: str | None = None, reason: str = "repair") -> list[RebuildResult]:
+        """Rebuild every pair :meth:`stale` finds (of one agent when given).
+
+        Raises :class:`~fermix.errors.WriteFailedError` when the files cannot be checked or
+        rebuilt; nothing else.
+        """
+        try:
+            pairs = self.stale(agent_id=agent_id)
+        except OSError as exc:
+            raise WriteFailedError(f"could not check the prompt files: {exc}") from exc
+        return [self.rebuild(a, o, reason=reason) for a, o in pairs]
+
+    def remove_orphan_temp_files(self) -> int:
+        """Delete temporary files that killed writes left behind; returns how many."""
+        return files.remove_orphan_temp_files(self.home)
+
+    # -- files on disk ----------------------------------------------------------------
+
+    def _replace(
+        self, path: Path, name: str, content: str, revision: Revision | None
+    ) -> FileResult:
+        """Write ``content`` to ``path`` if its bytes differ; a fault that can pass is
+        retried, one that persists is a :class:`~fermix.errors.WriteFailedError`."""
+        data = content.encode("utf-8")
+
+        def replace_if_changed() -> bool:
+            on_disk = files.read_bytes(path)
+            if on_disk == data or (on_disk is None and content == ""):
+                return False
+            files.write_atomic(path, content)
+            return True
+
+        try:
+            written = tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(OSError),
+                stop=tenacity.stop_after_attempt(FILE_ATTEMPTS),
+                wait=tenacity.wait_random_exponential(multiplier=0.01, max=0.1),
+                reraise=True,
+            )(replace_if_changed)
+        except OSError as exc:
+            raise WriteFailedError(f"prompt file {path.name} not written: {exc}") from exc
+        return FileResult(name, path, content, written, revision)
 
 
-def rebuild_all_for_agent(
-    conn: apsw.Connection, home: Home, agent_id: str, *, reason: str = "rebuild"
-) -> list[RebuildResult]:
-    """Rebuild the prompt files of every owner of ``agent_id``.
-
-    An owner whose id is not a safe path segment has no prompt files: it is skipped with a
-    warning, so it cannot hold back every other owner's rebuild.
-    """
-    validate.path_segment("agent_id", agent_id)
-    return [
-        rebuild(conn, home, agent_id, owner_id, reason=reason)
-        for owner_id in owners_of(conn, agent_id)
-        if _has_files(agent_id, owner_id)
-    ]
+def _record(
+    writes: Writes, agent_id: str, owner_id: str, spec: FileSpec, content: str, reason: str
+) -> Revision | None:
+    """Record ``content`` as the next revision of ``spec`` unless nothing would change."""
+    latest = writes.current_revision(agent_id, spec.name, owner_id=owner_id)
+    if latest is None and content == "":
+        return None
+    return writes.record_revision(agent_id, spec.name, content, reason=reason, owner_id=owner_id)
 
 
-def rebuild_for_rows(
-    conn: apsw.Connection, home: Home, rows: Iterable[MemoryRow], *, reason: str = "rebuild"
-) -> list[RebuildResult]:
-    """Rebuild every prompt file the written ``rows`` may show in (after a write, C5).
-
-    A shared agent-scoped row (owner ``""``) renders for every owner of its agent, so its
-    agent is rebuilt for all owners; any other row only for its own agent and owner. Rows
-    are taken as they are now or were before the write: archived rows count too, since
-    archiving one must take it out of the files. Ids that cannot name a directory are
-    skipped with a warning: they have no prompt files to rebuild.
-    """
-    everyone: set[str] = set()
-    single: set[tuple[str, str]] = set()
-    for row in rows:
-        live = row if not row.archived else _as_live(row)
-        if categories.shared_across_owners(live):
-            everyone.add(row.agent_id)
-        elif categories.render_target(live) is not None:
-            single.add((row.agent_id, row.owner_id))
-    results = []
-    for agent_id in sorted(everyone):
-        if _has_files(agent_id, ""):
-            results += rebuild_all_for_agent(conn, home, agent_id, reason=reason)
-    for agent_id, owner_id in sorted(single):
-        if agent_id not in everyone and _has_files(agent_id, owner_id):
-            results.append(rebuild(conn, home, agent_id, owner_id, reason=reason))
-    return results
+def _has_files(agent_id: str, owner_id: str) -> bool:
+    if files.has_files(agent_id, owner_id):
+        return True
+    log.warning("no prompt files for agent %r, owner %r: unsafe ids", agent_id, owner_id)
+    return False
 
 
 def _as_live(row: MemoryRow) -> MemoryRow:
     return replace(row, archived_at=None, archived_by=None, archive_reason=None)
-
-
-def rollback(
-    conn: apsw.Connection,
-    home: Home,
-    agent_id: str,
-    name: str,
-    revision: int,
-    owner_id: str = "",
-) -> FileResult:
-    """Write revision ``revision`` of ``name`` back to its file and record it (P2).
-
-    The new revision's reason is ``rollback:N``. The file stays a derived artifact: the
-    next rebuild from unchanged rows writes the rendered content again.
-    """
-    folder = prompt_dir(home, agent_id, owner_id)
-    spec = file_spec(model.check_resource_name(name))
-    with transaction(conn):
-        old = resources.get_revision(conn, agent_id, spec.name, revision, owner_id=owner_id)
-        return _apply(
-            conn,
-            folder,
-            spec,
-            old.content,
-            agent_id=agent_id,
-            owner_id=owner_id,
-            reason=f"rollback:{revision}",
-        )

@@ -5,8 +5,9 @@ only: read units on pooled read connections, write units through one group-commi
 One module per table family writes the SQL; each takes an open connection.
 """
 
-from fermix.storage.connection import connect, open_database, transaction
+from fermix.storage.connection import connect, transaction
 from fermix.storage.database import Database
+from fermix.storage.migrations import open_database
 from fermix.storage.session import Reads, Writes
 
 __all__ = ["Database", "Reads", "Writes", "connect", "open_database", "transaction"]

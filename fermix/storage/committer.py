@@ -1,28 +1,50 @@
 """Group commit: every write of a process goes through one connection, batched (A1, S8).
 
 Callers hand a unit of work (a function of the connection) to :meth:`Committer.run` and get
-its result only after the transaction holding it has committed. A caller that finds no
-leader becomes the leader: it takes every unit queued so far, runs them in one
-``BEGIN IMMEDIATE`` transaction (each in its own savepoint, so one unit's error rolls back
-only that unit) and commits once for all of them, then goes on while others keep queueing
-(a few rounds past its own unit) before it hands the lead on. The others wait on a
-condition, wake when a batch is done, and return their result. Under concurrency many
-appends share one commit; alone, a caller pays one transaction and no thread hop.
+its result only after the transaction holding it has committed. A unit takes one of two
+ways to the connection:
 
-A transient failure of the batch (busy, locked, I/O, disk full: see
-:mod:`fermix.storage.retry`) is retried with tenacity: 3 attempts, short jittered waits,
-re-raising nothing silently. After the last attempt every unit of the batch fails with
-:class:`WriteFailedError`, and nothing of it was committed. Every database error reaches a
-caller as a :class:`WriteFailedError` (H3), a unit's own one (a constraint) included.
+* **Alone, on the caller's thread.** A caller that finds the connection free and no other
+  write in flight (nor any contention in its last :data:`QUEUE_AFTER_CONTENTION` calls)
+  runs its unit itself in one ``BEGIN IMMEDIATE`` transaction: no thread hop, no wake-up.
+  This is the path of one conversation appending turn after turn.
+* **Queued, for the writer thread.** Otherwise the unit joins a FIFO queue and its caller
+  sleeps on a lock of its own. The writer thread (started at the first queued unit) takes
+  everything queued, up to ``max_batch``, commits it in one transaction and wakes exactly
+  the callers of that batch, each through its own lock: no broadcast, no hand-over of a
+  lead. While one batch commits, the next queues. Under concurrency this is the path that
+  batches: a caller that committed alone whenever the connection was free for a moment
+  would slip in between batches and commit one row at a time.
+
+One party holds the connection at a time (a caller alone, or the writer), and queued work is
+never left without one: a caller that committed alone hands the connection to the writer if
+units queued meanwhile. A caller's own units commit in the order of its calls (each call
+returns once committed); queued units of different callers commit in queue order.
+
+A batch first runs without savepoints, two statements fewer per unit. If a unit raises, the
+transaction is rolled back and the batch runs again with a savepoint per unit, so only the
+failing unit is left out and its batchmates commit (units may therefore run twice: they are
+functions of the connection and nothing else). The failing unit's caller alone gets the
+error: a database error of its own (a constraint) as a :class:`WriteFailedError` whose
+cause is the apsw error (H3), any other exception as raised.
+
+A transient failure of a transaction (busy, locked, I/O, disk full: see
+:mod:`fermix.storage.retry`) is retried with tenacity per the committer's
+:class:`RetryPolicy` (by default 3 attempts in all, short jittered waits). After the last
+attempt every unit of the batch fails with :class:`WriteFailedError` and nothing of it was
+committed; any other database error of the transaction fails the batch the same way at once.
+
+:meth:`Committer.close` refuses new work, lets the work already queued or running commit,
+stops the writer thread and closes the connection.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import apsw
@@ -31,15 +53,52 @@ import tenacity
 from fermix.errors import StorageError, WriteFailedError
 from fermix.storage.retry import DEFAULT_RETRY, TRANSIENT_ERRORS, RetryPolicy, retrying
 
-__all__ = ["TRANSIENT_ERRORS", "Committer", "RetryPolicy"]
+__all__ = ["QUEUE_AFTER_CONTENTION", "TRANSIENT_ERRORS", "Committer", "RetryPolicy"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Work = Callable[[apsw.Connection], Any]
 
-MAX_EXTRA_ROUNDS = 4
-"""Batches a leader commits for others after its own, before it hands the lead on."""
+QUEUE_AFTER_CONTENTION = 64
+"""Calls that go through the queue after a call found another write in flight; a caller
+that finds none this many calls in a row commits alone again."""
+
+
+class _Unit:
+    """One call of :meth:`Committer.run`: its work and, once committed, its outcome."""
+
+    __slots__ = ("label", "ok", "value", "wake", "work")
+
+    def __init__(self, work: Work, label: str, *, queued: bool) -> None:
+        self.work = work
+        self.label = label
+        self.ok = False
+        self.value: Any = None
+        self.wake: threading.Lock | None = None
+        if queued:
+            # Held until the outcome is set; the caller sleeps acquiring it.
+            self.wake = threading.Lock()
+            self.wake.acquire()
+
+    def succeed(self, value: Any) -> None:
+        self.ok = True
+        self.value = value
+
+    def fail(self, error: BaseException) -> None:
+        """Give the unit its error: a database error typed (H3), with the apsw one as cause."""
+        self.ok = False
+        if isinstance(error, apsw.Error):
+            typed = WriteFailedError(f"{self.label}: not written: {error}")
+            typed.__cause__ = error
+            error = typed
+        self.value = error
+
+    def outcome(self) -> Any:
+        """The unit's result, or its error raised."""
+        if self.ok:
+            return self.value
+        raise self.value
 
 
 class Committer:
@@ -55,86 +114,147 @@ class Committer:
         self._conn = conn
         self._retry = retry
         self._max_batch = max_batch
-        self._queue: deque[tuple[Work, Future[Any], str]] = deque()
-        # One condition guards the queue and who leads; followers wait on it, not on a
-        # write lock, so a finished batch wakes them together instead of one by one.
-        self._changed = threading.Condition(threading.Lock())
-        self._leading = False
+        self._mutex = threading.Lock()
+        # Everything below is guarded by _mutex, except the connection itself, which only
+        # its holder touches.
+        self._queue: deque[_Unit] = deque()
+        self._held = False
+        """Someone holds the connection: a caller alone, or the writer."""
+        self._writer_holds = False
+        self._in_flight = 0
+        """Calls not yet answered: committing alone, queued, or in the writer's batch."""
+        self._queue_next = 0
+        """Calls still to queue since the last contention (:data:`QUEUE_AFTER_CONTENTION`)."""
         self._closed = False
+        self._writer: threading.Thread | None = None
+        self._writer_turn: queue.SimpleQueue[None] = queue.SimpleQueue()
+        """Where the writer sleeps until it is handed the connection or closed."""
         self.batches = 0
         """Transactions committed, for benchmarks and tests."""
 
     def run(self, work: Callable[[apsw.Connection], T], *, label: str = "write") -> T:
         """Run ``work(conn)`` in a write transaction; return its result once committed.
 
-        ``label`` names the write in logs (e.g. the conversation key of an append).
+        ``label`` names the write in logs and errors (e.g. the conversation of an append).
+        Raises what ``work`` raised, :class:`WriteFailedError` for a database error, or
+        :class:`StorageError` once the committer is closed.
         """
-        future: Future[Any] = Future()
-        with self._changed:
+        with self._mutex:
             if self._closed:
                 raise StorageError("the database writer is closed")
-            self._queue.append((work, future, label))
-            while not future.done() and self._leading:
-                self._changed.wait()
-            if future.done():
-                result: T = future.result()
-                return result
-            self._leading = True
-        self._lead_until_done(future)
-        result = future.result()
+            if self._in_flight:
+                self._queue_next = QUEUE_AFTER_CONTENTION
+            elif self._queue_next:
+                self._queue_next -= 1
+            self._in_flight += 1
+            alone = not self._held and not self._queue_next
+            if alone:
+                self._held = True
+            else:
+                unit = _Unit(work, label, queued=True)
+                self._queue.append(unit)
+                if not self._held:
+                    self._hand_to_writer()
+        if alone:
+            return self._run_alone(work, label)
+        assert unit.wake is not None
+        unit.wake.acquire()
+        result: T = unit.outcome()
         return result
 
-    def _lead_until_done(self, own: Future[Any]) -> None:
-        """Commit batches until this caller's unit is done and, for a few more rounds,
-        while others keep queueing; then hand the lead to a waiting caller."""
-        extra_rounds = MAX_EXTRA_ROUNDS
-        try:
-            while True:
-                batch = self._take_batch()
-                if batch:
-                    self._lead(batch)
-                with self._changed:
-                    self._changed.notify_all()
-                    if not self._queue or (own.done() and extra_rounds <= 0):
-                        return
-                if own.done():
-                    extra_rounds -= 1
-        finally:
-            with self._changed:
-                self._leading = False
-                self._changed.notify_all()
-
     def close(self) -> None:
-        """Refuse new work, wait for the batch in flight, and close the connection."""
-        with self._changed:
+        """Refuse new work, commit what is queued or running, stop the writer, close."""
+        with self._mutex:
             self._closed = True
-            while self._leading:
-                self._changed.wait()
-            self._leading = True
+            log.debug("closing the writer, %d writes still to commit", self._in_flight)
+            if self._held and self._writer is None:
+                self._start_writer()  # it waits for the caller committing alone, then ends
+            writer = self._writer
+            self._writer_turn.put(None)
+        if writer is not None:
+            writer.join()
+        self._conn.close()
+
+    def _start_writer(self) -> None:
+        self._writer = threading.Thread(
+            target=self._write_loop, name="fermix-committer", daemon=True
+        )
+        self._writer.start()
+
+    def _hand_to_writer(self) -> None:
+        """Give the connection to the writer thread, starting it if needed (under _mutex)."""
+        self._held = self._writer_holds = True
+        if self._writer is None:
+            self._start_writer()
+        self._writer_turn.put(None)
+
+    def _run_alone(self, work: Callable[[apsw.Connection], T], label: str) -> T:
+        """Commit one unit on the caller's thread, then hand the connection on."""
+        unit = _Unit(work, label, queued=False)
         try:
-            while batch := self._take_batch():
-                self._lead(batch)
+            self._commit_batch([unit])
         finally:
-            with self._changed:
-                self._leading = False
-                self._changed.notify_all()
-            self._conn.close()
+            with self._mutex:
+                self._in_flight -= 1
+                if self._queue:
+                    self._hand_to_writer()
+                else:
+                    self._held = False
+                    if self._closed:
+                        self._writer_turn.put(None)  # close() may be waiting on the writer
+        result: T = unit.outcome()
+        return result
 
-    def _take_batch(self) -> list[tuple[Work, Future[Any], str]]:
-        with self._changed:
-            batch: list[tuple[Work, Future[Any], str]] = []
-            while self._queue and len(batch) < self._max_batch:
-                batch.append(self._queue.popleft())
+    def _write_loop(self) -> None:
+        """The writer thread: commit queued batches while it holds the connection."""
+        done: list[_Unit] = []
+        while True:
+            batch: list[_Unit] | None = None
+            with self._mutex:
+                # Answered before they are woken: a caller's next call must not count its
+                # own committed unit as contention.
+                self._in_flight -= len(done)
+                if self._writer_holds:
+                    if self._queue:
+                        batch = self._take_batch()
+                    else:
+                        self._writer_holds = self._held = False
+            # Wake the last batch's callers now that the next batch is taken.
+            for unit in done:
+                assert unit.wake is not None
+                unit.wake.release()
+            while batch is None:
+                with self._mutex:
+                    if self._writer_holds:
+                        batch = self._take_batch()
+                    elif self._closed and not self._held:
+                        return
+                if batch is None:
+                    self._writer_turn.get()
+            try:
+                self._commit_batch(batch)
+            except BaseException:  # each unit of the batch holds it already; the writer goes on
+                log.exception("a write unit raised past the committer (%s)", _labels(batch))
+            done = batch
+
+    def _take_batch(self) -> list[_Unit]:
+        """Everything queued, up to ``max_batch`` units (under _mutex)."""
+        pending = self._queue
+        if len(pending) <= self._max_batch:
+            batch = list(pending)
+            pending.clear()
             return batch
+        return [pending.popleft() for _ in range(self._max_batch)]
 
-    def _lead(self, batch: list[tuple[Work, Future[Any], str]]) -> None:
+    def _commit_batch(self, batch: list[_Unit]) -> None:
+        """Commit ``batch`` in one transaction, retrying transient errors; set outcomes."""
         try:
             try:
-                outcomes = self._commit(batch)
+                self._commit(batch)
             except TRANSIENT_ERRORS as first:
                 # The common path pays nothing for retries; only a failed batch enters them.
                 log.warning("write failed (%s), retrying: %s", _labels(batch), first)
-                outcomes = self._retrying()(self._commit, batch)
+                self._retrying()(self._commit, batch)
         except TRANSIENT_ERRORS as exc:
             log.error(
                 "write failed after %d attempts, nothing kept (%s): %s",
@@ -142,51 +262,41 @@ class Committer:
                 _labels(batch),
                 exc,
             )
-            for _, future, label in batch:
-                future.set_exception(
-                    WriteFailedError(
-                        f"{label}: not written after {self._retry.attempts} attempts: {exc}"
-                    )
+            for unit in batch:
+                unit.ok = False
+                unit.value = WriteFailedError(
+                    f"{unit.label}: not written after {self._retry.attempts} attempts: {exc}"
                 )
             return
         except apsw.Error as exc:
-            # Persistent database errors (disk full, corruption) reach every caller, typed.
+            # Persistent database errors (corruption, a read-only file) reach every caller.
             log.error("write failed, nothing kept (%s): %s", _labels(batch), exc)
-            for _, future, label in batch:
-                future.set_exception(WriteFailedError(f"{label}: not written: {exc}"))
+            for unit in batch:
+                unit.ok = False
+                unit.value = WriteFailedError(f"{unit.label}: not written: {exc}")
             return
         except BaseException as exc:
-            for _, future, _label in batch:
-                future.set_exception(exc)
+            for unit in batch:
+                unit.ok = False
+                unit.value = exc
             raise
         self.batches += 1
-        for (_, future, label), (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                future.set_result(value)
-            elif isinstance(value, apsw.Error):
-                # A unit's own database error (a constraint it broke) is still a database
-                # error: its caller gets it typed (H3), with the apsw error as the cause.
-                error = WriteFailedError(f"{label}: not written: {value}")
-                error.__cause__ = value
-                future.set_exception(error)
-            else:
-                future.set_exception(value)
 
     def _retrying(self) -> tenacity.Retrying:
         """The retries after a first failed attempt: ``attempts - 1`` more, jittered."""
         return retrying(self._retry, attempts=self._retry.attempts - 1)
 
-    def _commit(self, batch: list[tuple[Work, Future[Any], str]]) -> list[tuple[bool, Any]]:
-        """Commit the batch in one transaction; each unit's own error goes to its caller.
+    def _commit(self, batch: list[_Unit]) -> None:
+        """One attempt at the batch; outcomes are set only by an attempt that committed.
 
-        Units run first without savepoints (two statements fewer per unit). If one raises,
-        the transaction is rolled back and the batch runs again with a savepoint per unit,
-        so only the failing unit is left out. Transient errors propagate for a retry.
+        Units run first without savepoints. If one raises, the transaction is rolled back
+        and the batch runs again with a savepoint per unit. Transient errors propagate for a
+        retry.
         """
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            outcomes = [(True, work(conn)) for work, _, _ in batch]
+            values = [unit.work(conn) for unit in batch]
             conn.execute("COMMIT")
         except TRANSIENT_ERRORS:
             self._rollback()
@@ -194,27 +304,33 @@ class Committer:
         except Exception as exc:  # noqa: BLE001 - a unit failed: isolate it, or hand it back
             self._rollback()
             if len(batch) == 1:
-                return [(False, exc)]
-            return self._commit_isolated(batch)
+                batch[0].fail(exc)
+            else:
+                self._commit_isolated(batch)
+            return
         except BaseException:
             self._rollback()
             raise
-        return outcomes
+        for unit, value in zip(batch, values, strict=True):
+            unit.succeed(value)
 
-    def _commit_isolated(
-        self, batch: list[tuple[Work, Future[Any], str]]
-    ) -> list[tuple[bool, Any]]:
+    def _commit_isolated(self, batch: list[_Unit]) -> None:
+        """The batch again, each unit in a savepoint, leaving out the ones that raise."""
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            outcomes = [self._unit(conn, work) for work, _, _ in batch]
+            outcomes = [self._savepointed(conn, unit.work) for unit in batch]
             conn.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
-        return outcomes
+        for unit, (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                unit.succeed(value)
+            else:
+                unit.fail(value)
 
-    def _unit(self, conn: apsw.Connection, work: Work) -> tuple[bool, Any]:
+    def _savepointed(self, conn: apsw.Connection, work: Work) -> tuple[bool, Any]:
         conn.execute("SAVEPOINT unit")
         try:
             value = work(conn)
@@ -232,7 +348,7 @@ class Committer:
             self._conn.execute("ROLLBACK")
 
 
-def _labels(batch: list[tuple[Work, Future[Any], str]]) -> str:
-    labels = sorted({label for _, _, label in batch})
+def _labels(batch: list[_Unit]) -> str:
+    labels = sorted({unit.label for unit in batch})
     shown = ", ".join(labels[:5])
     return shown + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")

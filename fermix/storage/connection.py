@@ -17,7 +17,6 @@ from typing import Any
 import apsw
 
 from fermix.errors import InvalidInputError, StorageError
-from fermix.storage.retry import retrying
 
 BUSY_TIMEOUT_MS = 5_000
 SYNCHRONOUS = "NORMAL"
@@ -80,28 +79,6 @@ def apply_settings(conn: apsw.Connection) -> None:
     set_wal(conn)
     set_foreign_keys(conn)
     set_synchronous(conn)
-
-
-def open_database(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
-    """Open ``path``, refuse it if it is newer than this fermix, then apply migrations."""
-    from fermix.storage.migrations import check_version, migrate
-
-    conn = raw_connect(path, vfs=vfs)
-    try:
-        # A fault that can pass (another process's lock, a disk hiccup) is retried: each
-        # step is idempotent, and a migration commits whole or not at all (S2).
-        for attempt in retrying():
-            with attempt:
-                check_version(conn)
-                apply_settings(conn)
-                migrate(conn)
-    except apsw.Error as exc:
-        conn.close()
-        raise StorageError(f"cannot open {path} as a fermix database: {exc}") from exc
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 @contextlib.contextmanager

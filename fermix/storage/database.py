@@ -3,6 +3,8 @@
 Reads run on a small pool of read connections beside the writer (WAL); writes run through
 the process's one group-commit writer (:class:`~fermix.storage.committer.Committer`). Both
 hand the caller a session (:mod:`fermix.storage.session`), never a connection.
+:meth:`Database.inspect` opens a file only to look at it (``fermix doctor``): not created,
+not migrated, never written.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import apsw
+
+from fermix.errors import StorageError
+from fermix.storage import health
 from fermix.storage.committer import Committer
-from fermix.storage.connection import open_database
+from fermix.storage.migrations import open_database
 from fermix.storage.pool import ReaderPool
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 from fermix.storage.session import Reads, Writes
@@ -35,14 +41,39 @@ class Database:
     ) -> None:
         self.path = Path(path)
         self.vfs = vfs
-        self._committer = Committer(open_database(path, vfs=vfs), retry=retry)
+        self._committer: Committer | None = Committer(open_database(path, vfs=vfs), retry=retry)
         self._readers = ReaderPool(path, size=readers, vfs=vfs)
+
+    @classmethod
+    def inspect(cls, path: str | os.PathLike[str], *, vfs: str | None = None) -> Database:
+        """Open an existing ``memory.db`` to look at it (``fermix doctor``), never to change it.
+
+        The file is not created and not migrated (``r.schema_version()`` and
+        ``r.pending_migrations()`` say where it stands), and :meth:`write` refuses. A schema
+        newer than this fermix is a :class:`~fermix.errors.SchemaTooNewError`, a file that
+        is not a readable database a :class:`~fermix.errors.StorageError`; both leave the
+        file as it was. A database error inside a read unit is a ``StorageError`` too.
+        """
+        health.open_to_inspect(path, vfs=vfs)
+        db = cls.__new__(cls)
+        db.path = Path(path)
+        db.vfs = vfs
+        db._committer = None
+        db._readers = ReaderPool(path, size=1, vfs=vfs)
+        return db
 
     @contextlib.contextmanager
     def read(self, timeout: float = 30.0) -> Iterator[Reads]:
-        """A read unit: the block's reads run on one pooled read connection."""
+        """A read unit: the block's reads run on one pooled read connection.
+
+        A database error (busy past the timeout, I/O, corruption) is a
+        :class:`~fermix.errors.StorageError` naming the file, never a driver's own error.
+        """
         with self._readers.connection(timeout) as conn:
-            yield Reads(conn)
+            try:
+                yield Reads(conn)
+            except apsw.Error as exc:
+                raise StorageError(f"{self.path.name}: {type(exc).__name__}: {exc}") from exc
 
     def write(self, unit: Callable[[Writes], T], *, label: str = "write") -> T:
         """Run ``unit`` in a write transaction; return its result once committed.
@@ -51,16 +82,19 @@ class Database:
         leaves nothing of that unit; a database error is a
         :class:`~fermix.errors.WriteFailedError` after the writer's retries.
         """
+        if self._committer is None:
+            raise StorageError(f"{self.path.name} is open for inspection only: {label} refused")
         return self._committer.run(lambda conn: unit(Writes(conn)), label=label)
 
     @property
     def commits(self) -> int:
         """Write transactions committed so far (for benchmarks and tests)."""
-        return self._committer.batches
+        return 0 if self._committer is None else self._committer.batches
 
     def close(self) -> None:
         """Finish the queued writes, then close every connection."""
         try:
-            self._committer.close()
+            if self._committer is not None:
+                self._committer.close()
         finally:
             self._readers.close()

@@ -7,6 +7,7 @@ nothing; a database whose version is newer than this code knows is refused untou
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -16,7 +17,8 @@ from importlib import resources
 import apsw
 
 from fermix.errors import SchemaTooNewError, StorageError
-from fermix.storage.connection import fetch_value, transaction
+from fermix.storage.connection import apply_settings, fetch_value, raw_connect, transaction
+from fermix.storage.retry import retrying
 
 _HEADER = re.compile(r"^-- migration (\d+): (.+)$", re.MULTILINE)
 
@@ -89,3 +91,23 @@ def migrate(conn: apsw.Connection) -> list[int]:
             conn.execute(f"PRAGMA user_version = {migration.version}")
         applied.append(migration.version)
     return applied
+
+
+def open_database(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
+    """Open ``path``, refuse it if it is newer than this fermix, then apply migrations."""
+    conn = raw_connect(path, vfs=vfs)
+    try:
+        # A fault that can pass (another process's lock, a disk hiccup) is retried: each
+        # step is idempotent, and a migration commits whole or not at all (S2).
+        for attempt in retrying():
+            with attempt:
+                check_version(conn)
+                apply_settings(conn)
+                migrate(conn)
+    except apsw.Error as exc:
+        conn.close()
+        raise StorageError(f"cannot open {path} as a fermix database: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -20,6 +20,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 import apsw
 
 from fermix.storage import conversations as _conversations
+from fermix.storage import health as _health
 from fermix.storage import jobs as _jobs
 from fermix.storage import memories as _memories
 from fermix.storage import messages as _messages
@@ -96,6 +97,12 @@ class Reads:
     revision = _Op(_resources.get_revision)
     revisions = _Op(_resources.history)
 
+    # health, for fermix doctor: schema version, integrity, FTS mirrors
+    schema_version = _Op(_health.schema_version)
+    pending_migrations = _Op(_health.pending_migrations)
+    integrity_problems = _Op(_health.integrity_problems)
+    fts_problem = _Op(_health.fts_problem)
+
 
 class Writes(Reads):
     """The write operations (and every read), inside one write transaction."""
@@ -125,3 +132,6 @@ class Writes(Reads):
 
     # prompt-file revisions
     record_revision = _Op(_resources.record)
+
+    # health: an FTS mirror rebuilt from its content table (fermix doctor --fix)
+    rebuild_fts = _Op(_health.rebuild_fts)

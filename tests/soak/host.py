@@ -6,11 +6,12 @@ what the test reads before it kills the process is a lower bound of what must su
 
 - ``started`` once the tree runs;
 - ``c <chat> <expiry>`` then ``C <chat> <status> <skip>``: a review claim left by the
-  previous (killed) host, taken over with the reviewer's clock at its expiry (E2); a claim
-  taken that way expires ``CLAIM_TTL_MS`` after that clock, not after the real one;
+  previous (killed) host, taken over by a ``Reviewing`` whose clock reads its expiry (E2); a
+  claim taken that way expires ``CLAIM_TTL_MS`` after that clock, not after the real one;
 - ``A <chat> <message id> <content>``: an acknowledged append (user message or reply);
 - ``w <key> <value>`` before a memory write, ``W <key> <value> <row id>`` once acknowledged
-  (``tool-*`` keys through ``memory_store``, ``write-*`` keys through ``Memory.write``);
+  (``tool-*`` keys through ``memory_store``, ``write-*`` keys through the host's writer,
+  ``Writer.write_rows``, which rebuilds the prompt files they show in);
 - ``R <chat> <status> <skip> <error>``, ``K <chat> <status> <reason> <error>``: reviews
   and compactions (only their invariants are checked);
 - ``E <where> <error>``: an error that reached a caller; the soak fails on any.
@@ -23,7 +24,6 @@ model is the loopback server; the context window is small so that compactions su
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import socket
@@ -33,14 +33,16 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from factories import config_for
+
 from fermix import llm
-from fermix.actors.reviewer import review_conversation
 from fermix.api import Conversation, Memory
-from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
+from fermix.config import CompactionConfig, Config, ModelConfig
 from fermix.core import categories
 from fermix.errors import ModelError
 from fermix.model import MemoryRow
-from fermix.storage import conversations, memories
+from fermix.runtime.reviewing import Reviewing
+from fermix.storage import Writes
 from fermix.tokens import count_tokens
 
 AGENT = "soak"
@@ -83,11 +85,11 @@ def emit(*fields: object) -> None:
 
 def config(model_url: str) -> Config:
     """Background review off (reviews run when asked); a small context window."""
-    return Config(
-        memory=MemoryConfig(review_interval_hours=0),
-        model=ModelConfig(
-            primary="openai/soak", api_base=model_url, context_window=CONTEXT_WINDOW, timeout_s=20
-        ),
+    return config_for(
+        model_url,
+        primary="openai/soak",
+        context_window=CONTEXT_WINDOW,
+        timeout_s=20,
         compaction=CompactionConfig(threshold=0.85),
     )
 
@@ -99,14 +101,18 @@ def conversation(memory: Memory, chat: str) -> Conversation:
 
 def take_over_claims(memory: Memory) -> None:
     """Review every conversation whose claim a killed reviewer left, with a clock at its
-    expiry, as ``fermix memory review --now`` would then (only these reviews see it)."""
-    with memory.readers.connection() as conn:
-        claimed = [s for s in conversations.list_states(conn) if s.review_claim_token]
+    expiry, as ``fermix memory review --now`` would then: a ``Reviewing`` of its own, on this
+    host's database and writer, whose clock reads the expiry (only these reviews see it)."""
+    runtime = memory._runtime
+    with runtime.db.read() as reads:
+        claimed = [s for s in reads.conversations() if s.review_claim_token]
     for state in claimed:
         expires = state.review_claim_expires_at or 0
-        ctx = dataclasses.replace(memory.review_context, clock=lambda expires=expires: expires)
+        reviewing = Reviewing(
+            memory.config, runtime.db, runtime.writer, clock=lambda expires=expires: expires
+        )
         emit("c", state.chat_id, expires)
-        result = review_conversation(ctx, state.key, force=True)
+        result = reviewing.review(state.key, force=True)
         emit("C", state.chat_id, result.status, result.skip, result.error)
 
 
@@ -170,9 +176,8 @@ def main(argv: list[str]) -> int:
             key = f"write-{chat}-{writer_rng.randrange(4)}"
             emit("w", key, value)
 
-            def work(conn: Any) -> MemoryRow:
-                return memories.upsert(
-                    conn,
+            def work(writes: Writes) -> list[MemoryRow]:
+                row = writes.upsert_row(
                     agent_id=AGENT,
                     owner_id=conv.owner_id,
                     scope=categories.conversation_scope(conv.key),
@@ -181,9 +186,10 @@ def main(argv: list[str]) -> int:
                     value=value,
                     promote_target=None,
                 )
+                return [row]
 
-            row: MemoryRow = memory.write(work, label="soak write")
-            emit("W", key, value, row.id)
+            written = memory._runtime.writer.write_rows(work, label="soak write")
+            emit("W", key, value, written.rows[0].id)
         stop.wait(writer_rng.uniform(0, 0.02))
 
     review_rng = random.Random(f"{seed}/{round_}/review")

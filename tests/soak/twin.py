@@ -9,9 +9,11 @@ Commands (``chat`` and ``owner`` name a conversation of agent ``twin``):
 
 - ``append`` ``chat owner text``: the stored message's id;
 - ``review`` ``chat owner``: the review's ``as_dict()``;
-- ``write`` ``owner key value``: upsert a goal row at owner scope through ``Memory.write``;
-- ``archive`` ``id``: archive a row through ``Memory.write``;
-- ``get`` ``id`` / ``list`` ``key``: rows through the Store's cache, as dicts;
+- ``write`` ``owner key value``: upsert a goal row at owner scope through the host's writer
+  (which rebuilds the prompt files it shows in);
+- ``archive`` ``id``: archive a row the same way;
+- ``get`` ``id`` / ``list`` ``key``: rows through ``Memory.get_row`` / ``list_rows`` (read
+  from SQLite each time), as dicts;
 - ``load`` ``tag n``: three threads, two appending ``n`` messages each and one writing ``n``
   rows, at once; the ids acknowledged, and every error that reached them.
 """
@@ -23,12 +25,13 @@ import sys
 import threading
 from typing import Any
 
+from factories import config_for
+
 from fermix.api import Memory
-from fermix.config import Config, MemoryConfig, ModelConfig
 from fermix.core import categories
 from fermix.errors import FermixError
 from fermix.model import MemoryRow
-from fermix.storage import memories
+from fermix.storage import Writes
 
 AGENT = "twin"
 
@@ -52,9 +55,8 @@ class Twin:
         return self.memory.review(conv).as_dict()
 
     def write(self, owner: str, key: str, value: str) -> int:
-        def work(conn: Any) -> MemoryRow:
-            return memories.upsert(
-                conn,
+        def work(writes: Writes) -> list[MemoryRow]:
+            row = writes.upsert_row(
                 agent_id=AGENT,
                 owner_id=owner,
                 scope=categories.owner_scope(owner),
@@ -63,13 +65,15 @@ class Twin:
                 value=value,
                 promote_target=None,
             )
+            return [row]
 
-        row: MemoryRow = self.memory.write(work, label="twin write")
-        return row.id
+        return self.memory._runtime.writer.write_rows(work, label="twin write").rows[0].id
 
     def archive(self, id: int) -> dict[str, Any] | None:
-        row = self.memory.write(lambda c: memories.archive(c, id, by="twin", reason="test"))
-        return _row(row)
+        written = self.memory._runtime.writer.write_rows(
+            lambda w: [w.archive_row(id, by="twin", reason="test")], label="twin archive"
+        )
+        return _row(written.rows[0])
 
     def get(self, id: int) -> dict[str, Any] | None:
         return _row(self.memory.get_row(id))
@@ -114,11 +118,8 @@ class Twin:
 
 def main(argv: list[str]) -> int:
     home, model_url = argv[0], argv[1]
-    config = Config(
-        memory=MemoryConfig(review_interval_hours=0),
-        model=ModelConfig(primary="openai/twin", api_base=model_url, timeout_s=30),
-    )
-    memory = Memory(home, config=config).start()
+    memory = Memory(home, config=config_for(model_url, primary="openai/twin", timeout_s=30))
+    memory.start()
     twin = Twin(memory)
     print(json.dumps({"ready": True}), flush=True)
     try:

@@ -26,13 +26,13 @@ import pykka
 
 from fermix.errors import ActorUnavailableError, NotFoundError
 from fermix.model import ConversationKey
-from fermix.supervisor import ChildSpec, Restart, Supervisor
+from fermix.supervision.restarts import Restart
+from fermix.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
 SpecFactory = Callable[[ConversationKey], ChildSpec]
 ASK_ATTEMPTS = 3
-ORDER_STRIPES = 64
 
 
 @functools.lru_cache(maxsize=4096)
@@ -51,18 +51,16 @@ class ConversationRegistry:
         *,
         cap: int = 256,
         idle_s: float = 600.0,
-        clock: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._current_supervisor = supervisor
         self._spec_for = spec_for
         self.cap = cap
         self.idle_s = idle_s
-        self._clock = clock
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._live: OrderedDict[ConversationKey, float] = OrderedDict()  # LRU order
         self._stop = threading.Event()
-        # Appends of one conversation commit and reach its actor in one order (A1).
-        self._stripes = [threading.Lock() for _ in range(ORDER_STRIPES)]
         self._sweeper: threading.Thread | None = None
         self.passivated = 0
         """How many actors were stopped for idleness or the cap (for status and tests)."""
@@ -105,10 +103,6 @@ class ConversationRegistry:
         """Send ``message`` to the actor of ``key`` without waiting."""
         self._ref(key).tell(message)
 
-    def ordering(self, key: ConversationKey) -> threading.Lock:
-        """The lock that orders the appends of ``key`` (shared with a few other keys)."""
-        return self._stripes[hash(key) % ORDER_STRIPES]
-
     def tell_if_live(self, key: ConversationKey, message: Any) -> bool:
         """Send ``message`` to the actor of ``key`` if it is live; False if it is not.
 
@@ -120,7 +114,7 @@ class ConversationRegistry:
             if key not in self._live:
                 return False
             self._live.move_to_end(key)
-            self._live[key] = self._clock()
+            self._live[key] = self._monotonic()
             try:
                 ref = self._supervisor.await_child(cid)
             except NotFoundError:
@@ -153,7 +147,7 @@ class ConversationRegistry:
 
     def passivate_idle(self) -> int:
         """Stop every actor unused for ``idle_s``; return how many were stopped."""
-        cutoff = self._clock() - self.idle_s
+        cutoff = self._monotonic() - self.idle_s
         with self._lock:
             idle = [key for key, used in self._live.items() if used <= cutoff]
             for key in idle:
@@ -165,7 +159,7 @@ class ConversationRegistry:
         with self._lock:
             if key in self._live:
                 self._live.move_to_end(key)
-                self._live[key] = self._clock()
+                self._live[key] = self._monotonic()
                 try:
                     # Waits while a crash is being handled and the actor restarted.
                     ref = self._supervisor.await_child(cid)
@@ -185,7 +179,7 @@ class ConversationRegistry:
             self._terminate(oldest)
         spec = self._spec_for(key)
         ref = self._supervisor.start_child(spec)
-        self._live[key] = self._clock()
+        self._live[key] = self._monotonic()
         assert isinstance(ref, pykka.ActorRef)
         return ref
 

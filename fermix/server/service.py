@@ -1,7 +1,8 @@
 """The background service behind ``fermix supervisor start | stop | status`` (A8).
 
-The service is a process holding a :class:`~fermix.api.Memory` open (the supervised actor
-tree) and running its periodic work. It keeps three files in the home:
+The service is a process holding the runtime of a home open (the database, the write path,
+the supervised actor tree) and running its periodic work (the due-review sweep). It keeps
+three files in the home:
 
 - ``supervisor.pid``: its pid, created exclusively, so a second start is refused; a pid
   file whose process is gone is stale and replaced;
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fermix.errors import ServiceError
+from fermix.errors import FermixError, ServiceError
 from fermix.home import Home
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,8 @@ class StatusServer:
 
 def serve(home: Home, *, announce: Callable[[], None] | None = None) -> int:
     """Run the service in this process until SIGTERM or SIGINT; return an exit code."""
-    from fermix.api import Memory
+    from fermix.config import load_config
+    from fermix.runtime.engine import Runtime
 
     paths = ServicePaths.of(home)
     home.root.mkdir(parents=True, exist_ok=True)
@@ -163,31 +165,36 @@ def serve(home: Home, *, announce: Callable[[], None] | None = None) -> int:
     }
     started_at = time.time()
     status_server: StatusServer | None = None
+    runtime = Runtime(home, load_config(home.config_path))
     try:
-        with Memory(home) as memory:
+        runtime.start()
 
-            def status() -> dict[str, Any]:
-                return {
-                    "pid": os.getpid(),
-                    "started_at": started_at,
-                    "home": str(home.root),
-                    "live_conversations": memory.registry.live_count(),
-                    "passivated": memory.registry.passivated,
-                    "children": [info.id for info in memory.tree.which_children()],
-                    "failure": None if memory.failure is None else str(memory.failure),
-                }
+        def status() -> dict[str, Any]:
+            return {
+                "pid": os.getpid(),
+                "started_at": started_at,
+                "home": str(home.root),
+                "live_conversations": runtime.live_conversations(),
+                "passivated": runtime.registry.passivated,
+                "children": [info.id for info in runtime.tree.which_children()],
+                "failure": None if runtime.failure is None else str(runtime.failure),
+            }
 
-            status_server = StatusServer(paths.socket, status)
-            log.info("supervisor started (pid %d)", os.getpid())
-            if announce is not None:
-                announce()
-            while not stopping.wait(TICK_S):
-                memory.tick()
-                if memory.failure is not None:
-                    log.error("stopping: the actor tree gave up: %s", memory.failure)
-                    return 1
-            log.info("supervisor stopping: finishing in-flight writes")
+        status_server = StatusServer(paths.socket, status)
+        log.info("supervisor started (pid %d)", os.getpid())
+        if announce is not None:
+            announce()
+        while not stopping.wait(TICK_S):
+            if runtime.failure is not None:
+                log.error("stopping: the actor tree gave up: %s", runtime.failure)
+                return 1
+            try:
+                runtime.tick()
+            except FermixError as exc:
+                log.error("the review sweep failed: %s", exc)
+        log.info("supervisor stopping: finishing in-flight writes")
     finally:
+        runtime.close()
         if status_server is not None:
             status_server.close()
         for sig, handler in previous.items():

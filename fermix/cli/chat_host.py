@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from fermix import llm, model
+from fermix import llm
 from fermix.api import Memory
 from fermix.config import Config
 from fermix.conversation import Conversation
@@ -31,7 +31,6 @@ from fermix.core import commands
 from fermix.core.review import Skip
 from fermix.errors import FermixError, ModelError
 from fermix.home import Home
-from fermix.storage import resources
 
 DEFAULT_SYSTEM = (
     "You are a helpful assistant with long-term memory. Use the memory tools when the user "
@@ -88,7 +87,7 @@ class ChatSession:
         self.options = options
         self.out = out
         self.route = llm.Route.from_config(memory.config.model)
-        self._revisions = self._current_revisions()
+        self._files = self._current_files()
         self._checkpoint = self._checkpoint_id()
         self._reviewed_up_to = self._last_reviewed_message_id()
         """How far the reviews this session knows of had read; a newer mark is another's."""
@@ -127,9 +126,7 @@ class ChatSession:
             self.out.print(commands.help_text(CHAT_COMMANDS), markup=False, highlight=False)
             return
         if text == "/memory":
-            user_md, memory_md = self.memory.composer.files(
-                self.options.agent_id, self.options.owner_id
-            )
+            user_md, memory_md = self.conv.memory_files()
             self.out.print(escape(user_md or "(USER.md is empty)"))
             self.out.print(escape(memory_md or "(MEMORY.md is empty)"))
             return
@@ -242,15 +239,9 @@ class ChatSession:
                 metadata={"tool_call_id": call.get("id", ""), "name": function.get("name", "")},
             )
 
-    def _current_revisions(self) -> dict[str, int]:
-        with self.memory.readers.connection() as conn:
-            found = {}
-            for name in model.RESOURCE_NAMES:
-                res = resources.get_resource(
-                    conn, self.options.agent_id, name, owner_id=self.options.owner_id
-                )
-                found[name] = 0 if res is None else res.current_revision
-            return found
+    def _current_files(self) -> dict[str, str]:
+        user_md, memory_md = self.conv.memory_files()
+        return {"USER.md": user_md, "MEMORY.md": memory_md}
 
     def _checkpoint_id(self) -> int | None:
         state = self.conv.state()
@@ -262,12 +253,11 @@ class ChatSession:
 
     def _report_memory_changes(self) -> None:
         """Say which prompt files changed since last said, once per change."""
-        revisions = self._current_revisions()
-        changed = [n for n in revisions if revisions[n] != self._revisions.get(n)]
+        files = self._current_files()
+        changed = [name for name, text in files.items() if text != self._files.get(name)]
         if changed:
-            files = ", ".join("USER.md" if n == "user_md" else "MEMORY.md" for n in changed)
-            self.note(f"memory updated ({files})")
-        self._revisions = revisions
+            self.note(f"memory updated ({', '.join(changed)})")
+        self._files = files
 
     def _report_background_changes(self) -> None:
         self._report_memory_changes()

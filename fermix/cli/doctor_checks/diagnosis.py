@@ -1,0 +1,122 @@
+"""Running the doctor's checks in order, and :func:`diagnose`: check, and with ``fix``
+repair what can be repaired and check again.
+
+A check that meets an error becomes a failure naming it, so the other checks still run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from fermix.cli.doctor_checks.database import FTS_TABLES, check_fts, check_integrity, open_database
+from fermix.cli.doctor_checks.environment import check_config, check_disk, check_model
+from fermix.cli.doctor_checks.fixes import apply_fixes
+from fermix.cli.doctor_checks.outcome import Check, Progress, Report, quiet
+from fermix.cli.doctor_checks.prompt_files import check_prompt_files
+from fermix.cli.doctor_checks.reviews import check_claims, check_review_gates
+from fermix.config import Config
+from fermix.errors import FermixError
+from fermix.home import Home
+from fermix.storage import Database, Reads, health
+
+
+def database_checks(
+    home: Home,
+    db: Database,
+    config: Config,
+    *,
+    now: int,
+    full: bool = False,
+    progress: Progress = quiet,
+) -> list[Check]:
+    """The checks of a database whose schema is current, each in its own read unit."""
+
+    def run(name: str, check: Callable[[Reads], Check]) -> Check:
+        progress(f"checking {name}")
+        try:
+            with db.read() as reads:
+                return check(reads)
+        except (FermixError, OSError) as exc:
+            return _failed(name, exc)
+
+    progress(f"checking integrity ({health.integrity_check_name(full=full)})")
+    try:
+        with db.read() as reads:
+            integrity, problems = check_integrity(reads, full=full)
+        found: list[str] | None = problems
+    except (FermixError, OSError) as exc:
+        integrity, found = _failed("integrity", exc), None
+    checks = [integrity]
+    for table in FTS_TABLES:
+        checks.append(run(table, partial(check_fts, table=table, full=full, integrity=found)))
+    progress("checking prompt files")
+    checks.append(_guarded("prompt files", partial(check_prompt_files, home, db)))
+    checks.append(run("review claims", partial(check_claims, now=now)))
+    checks.append(run("review gates", partial(check_review_gates, config=config, now=now)))
+    return checks
+
+
+def run_checks(
+    home: Home,
+    *,
+    now: int,
+    full: bool = False,
+    model_check: bool = False,
+    progress: Progress = quiet,
+) -> list[Check]:
+    """Run every check in order; the database checks only when its schema is current."""
+    progress("checking config")
+    config_check, config = check_config(home)
+    checks = [config_check]
+    progress("checking database")
+    db_check, db = open_database(home)
+    checks.append(db_check)
+    if db is not None:
+        try:
+            if db_check.status == "pass":
+                checks += database_checks(home, db, config, now=now, full=full, progress=progress)
+        finally:
+            db.close()
+    progress("checking disk")
+    checks.append(_guarded("disk", partial(check_disk, home)))
+    if model_check:
+        progress("checking model")
+        checks.append(check_model(config))
+    else:
+        hint = "`fermix doctor --model-check` makes one tiny call"
+        checks.append(Check("model", "skip", "not checked", hint))
+    return checks
+
+
+def _failed(name: str, exc: Exception) -> Check:
+    hint = "the check itself could not run; the error says why"
+    return Check(name, "fail", f"{type(exc).__name__}: {exc}", hint)
+
+
+def _guarded(name: str, check: Callable[[], Check]) -> Check:
+    """Run one check; an error it meets becomes its failure, so the other checks still run."""
+    try:
+        return check()
+    except (FermixError, OSError) as exc:
+        return _failed(name, exc)
+
+
+def diagnose(
+    home: Home,
+    *,
+    now: int,
+    fix: bool = False,
+    full: bool = False,
+    model_check: bool = False,
+    progress: Progress = quiet,
+) -> Report:
+    """Check ``home``; with ``fix``, repair what can be repaired and report the state after."""
+    checks = run_checks(
+        home, now=now, full=full, model_check=model_check and not fix, progress=progress
+    )
+    if not fix:
+        return Report(home.root, checks)
+    fixed = apply_fixes(home, checks, now=now, progress=progress)
+    after = run_checks(home, now=now, full=full, model_check=model_check, progress=progress)
+    return Report(home.root, after, fixed)

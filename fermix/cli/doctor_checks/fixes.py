@@ -1,0 +1,72 @@
+"""The doctor's repairs (``--fix``), the only part of it that writes.
+
+Only derived state is repaired: pending migrations applied (as any command does at start),
+an FTS mirror rebuilt from its content table, prompt files rendered again from their rows
+(keeping an operator's rollback, P2), expired review claims released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fermix.cli.doctor_checks.database import FTS_TABLES
+from fermix.cli.doctor_checks.outcome import Check, Progress, quiet
+from fermix.home import Home
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.storage import Database, Writes
+
+
+def apply_fixes(
+    home: Home, checks: list[Check], *, now: int, progress: Progress = quiet
+) -> list[str]:
+    """Repair what ``checks`` found that can be repaired safely; say what was done.
+
+    The database is opened as every command opens it: created when missing, migrated.
+    """
+    wanted = {c.fix for c in checks if c.fix is not None and c.status in ("warn", "fail")}
+    if not wanted:
+        return []
+    done = []
+    existed = home.db_path.exists()
+    progress("applying migrations" if "migrate" in wanted else "opening the database")
+    db = Database(home.db_path, readers=1)  # creates the file, applies migrations
+    try:
+        if "migrate" in wanted:
+            with db.read() as reads:
+                version = reads.schema_version()
+            done.append(
+                f"applied migrations up to schema v{version}"
+                if existed
+                else f"created {home.db_path.name} at schema v{version}"
+            )
+        for check in checks:
+            if check.fix == "fts" and check.name in FTS_TABLES:
+                table = check.name
+                progress(f"rebuilding {table}")
+                db.write(_rebuild(table), label=f"doctor: rebuild {table}")
+                done.append(f"rebuilt {table} from its content table")
+        if "prompt_files" in wanted:
+            progress("rendering prompt files")
+            rebuilt = PromptFiles(home, db).repair(reason="doctor")
+            changed = sum(
+                1 for r in rebuilt for f in r.files if f.written or f.revision is not None
+            )
+            done.append(f"re-rendered {changed} prompt file(s)")
+        if "claims" in wanted:
+            progress("releasing review claims")
+            released = db.write(
+                lambda w: w.release_expired_claims(now=now), label="doctor: release claims"
+            )
+            done.append(f"released {released} expired review claim(s)")
+    finally:
+        db.close()
+    return done
+
+
+def _rebuild(table: str) -> Callable[[Writes], None]:
+    """A write unit rebuilding FTS mirror ``table`` from its content table."""
+
+    def unit(writes: Writes) -> None:
+        writes.rebuild_fts(table)
+
+    return unit

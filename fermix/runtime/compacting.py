@@ -1,0 +1,193 @@
+"""``Compacting``: one compaction of a conversation, and ``/new``'s fresh window (K1-K5).
+
+:meth:`Compacting.compact` checks the recorded peak against ``threshold`` x the model's
+context window (or is forced, for ``/compact``), plans from the stored window
+(:mod:`fermix.core.compaction`), makes one model call on the agent's route (trace tag
+``compactor``, the configured ``reasoning_effort``), and writes the checkpoint and the new
+window start in one transaction. A failure backs off 60 s, recorded in SQLite like the
+reviewer's gates. :meth:`Compacting.clear_window` moves only the window (``/new``,
+``/clear``). Storage is reached through read units of the :class:`~fermix.storage.Database`
+and write units of the :class:`~fermix.runtime.writer.Writer`, nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from fermix import llm
+from fermix.clock import now_ms
+from fermix.config import Config
+from fermix.core import compaction
+from fermix.core.compaction import CompactionResult
+from fermix.errors import ModelError
+from fermix.model import ConversationKey, Message, NewMessage
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Writes
+
+log = logging.getLogger(__name__)
+
+AGENT_TAG = "compactor"
+"""The trace tag of the summary call, and the ``sender`` of a checkpoint message."""
+
+
+class Compacting:
+    """The compaction use case of one process (run by the Compactor actor, one at a time)."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        writer: Writer,
+        *,
+        clock: Callable[[], int] = now_ms,
+        route: llm.Route | None = None,
+        on_compacted: Callable[[ConversationKey], None] = lambda key: None,
+    ) -> None:
+        """``on_compacted`` is called after a compaction or a cleared window is committed
+        (the conversation actor reloads its window); ``route`` defaults to the one the
+        config names, built on first use."""
+        self._config = config
+        self._db = db
+        self._writer = writer
+        self._clock = clock
+        self._route = route
+        self._on_compacted = on_compacted
+
+    def route(self) -> llm.Route:
+        """The agent's route (the same one the reviewer uses)."""
+        if self._route is None:
+            self._route = llm.Route.from_config(self._config.model)
+        return self._route
+
+    def context_window(self) -> int | None:
+        """The model's context window: the configured override, else litellm's model info."""
+        return llm.context_window(self.route(), self._config.model.context_window)
+
+    def compact(self, key: ConversationKey, *, force: bool = False) -> CompactionResult:
+        """Compact ``key`` if its recorded peak calls for it (or ``force``); never raises for
+        a model failure, which is recorded for the 60 s backoff instead."""
+        cfg = self._config.compaction
+        now = self._clock()
+        with self._db.read() as reads:
+            state = reads.conversation(key)
+        if state is None:
+            return _skipped(key, "cold")
+        if not force:
+            failed = state.compaction_failed_at
+            if not cfg.enabled:
+                return _skipped(key, "disabled")
+            if state.peak_prompt_tokens is None:
+                return _skipped(key, "cold")
+            if failed is not None and now - failed < compaction.FAILURE_BACKOFF_MS:
+                return _skipped(key, "failure_backoff")
+        window_size = self.context_window()
+        if window_size is None:
+            return _skipped(key, "unknown_context_window")
+        if not force and not compaction.due(state.peak_prompt_tokens, window_size, cfg.threshold):
+            return _skipped(key, "under_threshold")
+        with self._db.read() as reads:
+            window = reads.window(key)
+        route = self.route()
+        plan = compaction.plan(window, context_window=window_size, model=route.primary)
+        if plan is None:
+            return _skipped(key, "nothing_to_summarize")
+        input_room = max(1_000, window_size - plan.summary_tokens - 1_000)
+        prompt = [
+            {"role": "system", "content": compaction.SUMMARY_PROMPT},
+            {
+                "role": "user",
+                "content": compaction.transcript(
+                    plan.summarize,
+                    max_tokens=input_room,
+                    model=route.primary,
+                    costs=plan.costs[: len(plan.summarize)],
+                ),
+            },
+        ]
+        try:
+            answer = llm.complete(
+                route,
+                prompt,
+                agent=AGENT_TAG,
+                reasoning_effort=cfg.reasoning_effort,
+                max_tokens=min(plan.summary_tokens, compaction.MAX_SUMMARY_TOKENS),
+                metadata={"conversation": key.scope_id, "agent_id": key.agent_id},
+            )
+            if not answer.content.strip():
+                raise ModelError(f"{answer.model} returned an empty summary")
+        except ModelError as exc:
+            log.warning("compaction of %s/%s failed: %s", key.agent_id, key.scope_id, exc)
+            failed_at = self._clock()
+            self._writer.write(
+                lambda w: w.update_conversation(key, compaction_failed_at=failed_at),
+                label=f"compaction failure {key.scope_id}",
+            )
+            return CompactionResult(key, "failed", error=str(exc))
+        summary = compaction.fit_summary(answer.content, plan=plan, model=route.primary)
+        checkpoint = NewMessage(
+            key,
+            "assistant",
+            summary,
+            owner_id=state.owner_id,
+            sender=AGENT_TAG,
+            kind="checkpoint",
+            metadata={
+                "summarized_from_id": plan.summarize[0].id,
+                "summarized_to_id": plan.last_summarized_id,
+                "summarized_messages": len(plan.summarize),
+                "model": answer.model,
+            },
+        )
+
+        def write(w: Writes) -> Message:
+            stored = w.insert_message(checkpoint)
+            w.update_conversation(
+                key,
+                window_after_id=plan.last_summarized_id,
+                checkpoint_message_id=stored.id,
+                compaction_failed_at=None,
+                peak_prompt_tokens=None,
+            )
+            return stored
+
+        stored = self._writer.write(write, label=f"compaction of {key.scope_id}")
+        self._on_compacted(key)
+        after = compaction.message_tokens(stored, route.primary) + plan.kept_tokens
+        log.info(
+            "compacted %s/%s: %d messages summarized, %d kept, %d -> %d tokens",
+            *(key.agent_id, key.scope_id, len(plan.summarize), len(plan.keep)),
+            *(plan.before_tokens, after),
+        )
+        return CompactionResult(
+            key,
+            "compacted",
+            summarized=len(plan.summarize),
+            kept=len(plan.keep),
+            before_tokens=plan.before_tokens,
+            after_tokens=after,
+            model=answer.model,
+        )
+
+    def clear_window(self, key: ConversationKey) -> int:
+        """Start the window after the newest stored message (``/new``, ``/clear``, K4).
+
+        Only the window moves: the messages, long-term memory, resource revisions and
+        scheduled jobs stay. Returns the id the window now starts after.
+        """
+
+        def write(w: Writes) -> int:
+            newest = w.messages(key, limit=1, newest=True)
+            after = newest[0].id if newest else 0
+            w.update_conversation(
+                key, window_after_id=after, checkpoint_message_id=None, peak_prompt_tokens=None
+            )
+            return after
+
+        after = self._writer.write(write, label=f"clear window {key.scope_id}")
+        self._on_compacted(key)
+        return after
+
+
+def _skipped(key: ConversationKey, reason: str) -> CompactionResult:
+    return CompactionResult(key, "skipped", reason=reason)

@@ -1,0 +1,157 @@
+"""The memory tools' work against storage (T1-T3, SC3).
+
+A caller is described by plain values: a :class:`ConversationCaller` (a conversation's key
+and owner) or a :class:`~fermix.model.JobCaller` (a scheduled job's run). What it may reach
+is :func:`fermix.core.categories.visible_scopes`; the arguments were checked by
+:mod:`fermix.core.tool_calls`.
+
+- ``memory_store`` writes one row at the caller's conversation or job scope, through the
+  writer; such rows render nowhere, so no prompt file is rebuilt (T1) unless the row it
+  replaced did;
+- ``memory_recall`` looks a key up or searches, per scope group, de-duplicated and limited,
+  and searches the history of this conversation or of this owner's conversations of the
+  agent, never another owner's (T2);
+- ``memory_sources_list`` lists the sources the caller may see (T3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fermix import validate
+from fermix.core import categories, tool_calls
+from fermix.core.tool_calls import Recall, Store, ToolCall, ToolError
+from fermix.errors import InvalidInputError
+from fermix.model import (
+    ConversationKey,
+    JobCaller,
+    MemoryRow,
+    MemorySource,
+    Provenance,
+    Scope,
+    SearchHit,
+)
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Reads, Writes
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationCaller:
+    """A conversation calling the memory tools: its key and its owner."""
+
+    key: ConversationKey
+    owner_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, ConversationKey):
+            raise InvalidInputError(f"key must be a ConversationKey, not {self.key!r}")
+        validate.identifier("owner_id", self.owner_id, allow_empty=True)
+
+
+Caller = ConversationCaller | JobCaller
+
+
+def agent_of(caller: Caller) -> str:
+    """The agent the caller belongs to."""
+    return caller.agent_id if isinstance(caller, JobCaller) else caller.key.agent_id
+
+
+def home_scope(caller: Caller) -> Scope:
+    """Where the caller's ``memory_store`` writes: its conversation's or its job's scope (SC2)."""
+    if isinstance(caller, JobCaller):
+        return categories.job_scope(caller.memory_source_id)
+    return categories.conversation_scope(caller.key)
+
+
+def run(db: Database, writer: Writer, call: ToolCall, caller: Caller) -> dict[str, Any]:
+    """Do one checked tool call for ``caller``; returns the JSON-ready result."""
+    if isinstance(call, Store):
+        return tool_calls.stored(store(writer, caller, call.key, call.value))
+    if isinstance(call, Recall):
+        return recall(db, caller, call)
+    return tool_calls.listed(sources(db, caller))
+
+
+def store(writer: Writer, caller: Caller, key: str, value: str) -> MemoryRow:
+    """Store ``value`` under ``key`` at the caller's scope, replacing that key's value (T1)."""
+    scope = home_scope(caller)
+    agent_id, owner_id = agent_of(caller), caller.owner_id
+    if isinstance(caller, JobCaller):
+        provenance = Provenance(
+            source_id=caller.memory_source_id, source_type="job", run_id=caller.run_id
+        )
+    else:
+        provenance = Provenance(source_type="tool", session_id=caller.key.scope_id)
+
+    def unit(writes: Writes) -> list[MemoryRow]:
+        before = writes.row_by_key(agent_id=agent_id, owner_id=owner_id, scope=scope, key=key)
+        after = writes.upsert_row(
+            agent_id=agent_id,
+            owner_id=owner_id,
+            scope=scope,
+            category=tool_calls.STORE_CATEGORY,
+            key=key,
+            value=value,
+            promote_target=None,
+            provenance=provenance,
+        )
+        # The row as it was counts too: one that rendered must leave its file.
+        return [after] if before is None else [before, after]
+
+    written = writer.write_rows(unit, label=f"memory_store {scope.type}", reason="memory_store")
+    return written.rows[-1]
+
+
+def recall(db: Database, caller: Caller, call: Recall) -> dict[str, Any]:
+    """The rows and/or messages ``call`` asks for, within what ``caller`` may see (T2, SC3)."""
+    if isinstance(caller, JobCaller) and call.source != "memories":
+        raise ToolError("a scheduled job can only recall its own memories, not history")
+    with db.read() as reads:
+        rows = hits = None
+        if call.source in ("memories", "all"):
+            rows = recall_rows(reads, caller, call)
+        if call.source in ("history", "all") and isinstance(caller, ConversationCaller):
+            hits = recall_history(reads, caller, call.scope, call.text, call.limit)
+    return tool_calls.recalled(rows, hits)
+
+
+def recall_rows(reads: Reads, caller: Caller, call: Recall) -> list[MemoryRow]:
+    """Rows with ``call.key``, or matching ``call.query``, in the caller's visible scopes.
+
+    Each scope group is read on its own; a row found twice is shown once, and at most
+    ``call.limit`` rows are returned, in the order the groups found them.
+    """
+    home = caller.key if isinstance(caller, ConversationCaller) else home_scope(caller)
+    groups = categories.visible_scopes(agent_of(caller), caller.owner_id, home, call.scope)
+    found: dict[int, MemoryRow] = {}
+    for group in groups:
+        if call.key is not None:
+            rows = reads.rows(**group.filters(), key=call.key)
+        else:
+            rows = reads.search_rows(call.query or "", **group.filters(), limit=call.limit)
+        for row in rows:
+            found.setdefault(row.id, row)
+    return list(found.values())[: call.limit]
+
+
+def recall_history(
+    reads: Reads, caller: ConversationCaller, scope: str, text: str, limit: int
+) -> list[SearchHit]:
+    """Messages matching ``text``: this conversation's at ``current``, otherwise this
+    owner's conversations of the agent. History never crosses owners (SC3)."""
+    if scope == "current":
+        return reads.search_messages(text, key=caller.key, limit=limit)
+    return reads.search_messages(
+        text, agent_id=caller.key.agent_id, owner_id=caller.owner_id, limit=limit
+    )
+
+
+def sources(db: Database, caller: Caller) -> list[MemorySource]:
+    """The sources the caller may see: a job its own; a conversation its owner's and the
+    agent's shared ones (T3)."""
+    with db.read() as reads:
+        if isinstance(caller, JobCaller):
+            own = reads.source(caller.memory_source_id)
+            return [] if own is None else [own]
+        return reads.sources(agent_id=caller.key.agent_id, owner_id=caller.owner_id)

@@ -1,0 +1,318 @@
+"""``Reviewing``: the background memory review ("dreaming") as a use case (E1-E6, E10, SC3).
+
+One :meth:`Reviewing.review` goes from gate to prompt files: the gate, a claim in SQLite
+(checked again under the write lock), the new user messages and the rows this review may
+touch, one model call, parse, admission, then one write unit that applies the admitted
+operations and finishes the claim, after which the writer rebuilds the prompt files those
+rows show in. The rules are in :mod:`fermix.core.review`, ``review_answer`` and
+``review_admission``; storage is reached only through read and write sessions. The
+:class:`~fermix.actors.reviewer.Reviewer` actor runs reviews one at a time off the host's
+path; ``fermix memory review --now`` calls the same object.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+
+from fermix import llm, model
+from fermix.clock import now_ms
+from fermix.config import Config
+from fermix.core import categories, review, review_admission, review_answer
+from fermix.core.review import CLAIM_TTL_MS, ReviewResult, Skip
+from fermix.core.review_answer import Operation
+from fermix.errors import FermixError, ModelError, ReviewOutputError
+from fermix.model import ConversationKey, ConversationState, MemoryRow, Provenance
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Reads, Writes
+
+log = logging.getLogger(__name__)
+
+AGENT_TAG = "memory_reviewer"
+"""How the review's model calls are tagged in litellm's metadata and the ``fermix.llm`` log."""
+
+
+def shown_rows(reads: Reads, state: ConversationState) -> list[MemoryRow]:
+    """The rows a review of this conversation may see and touch (E3, SC3).
+
+    The owner's profile rows, and the agent's working-knowledge rows this conversation may
+    change: the shared ones for an operator conversation, the owner's own for a guest.
+    """
+    agent_owner = "" if state.trust == "operator" else state.owner_id
+    profile = reads.rows(
+        agent_id=state.agent_id,
+        owner_id=state.owner_id,
+        scopes=[categories.owner_scope(state.owner_id)],
+    )
+    knowledge = reads.rows(
+        agent_id=state.agent_id,
+        owner_id=agent_owner,
+        scopes=[categories.agent_scope(state.agent_id)],
+    )
+    return sorted(profile + knowledge, key=lambda r: r.id)
+
+
+class Reviewing:
+    """Reviews conversations of one home: the gate, the model call, the write (E1-E6)."""
+
+    def __init__(
+        self,
+        config: Config,
+        db: Database,
+        writer: Writer,
+        *,
+        clock: Callable[[], int] = now_ms,
+        route: llm.Route | None = None,
+    ) -> None:
+        self._config = config
+        self._db = db
+        self._writer = writer
+        self._clock = clock
+        self.route = route if route is not None else llm.Route.from_config(config.model)
+        """The agent's route: the configured primary and fallbacks (E4)."""
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Repair the prompt files a stopped process left behind, before the first review.
+
+        A host killed between the commit of a review and its rebuild leaves them behind
+        their rows. The check renders every owner's files, so the Reviewer runs it on its
+        own thread when it starts, off the host's path.
+        """
+        self._writer.repair_files(every_agent=True)
+
+    # -- the sweep (E1) ------------------------------------------------------------------
+
+    def due(self) -> list[ConversationKey]:
+        """Conversations with new user messages whose review interval has passed."""
+        cfg = self._config.memory
+        if cfg.review_interval_hours == 0:
+            return []
+        now = self._clock()
+        with self._db.read() as reads:
+            pending = reads.with_new_user_messages()
+        return [
+            state.key
+            for state, _count in pending
+            if review.gate(
+                state,
+                now_ms=now,
+                interval_hours=cfg.review_interval_hours,
+                backoff_ms=cfg.review_failure_backoff_ms,
+                newest_user_message_id=state.last_reviewed_message_id + 1,
+            )
+            is None
+        ]
+
+    # -- one review ----------------------------------------------------------------------
+
+    def review(self, key: ConversationKey, *, force: bool = False) -> ReviewResult:
+        """Review ``key`` if its gates allow (``force``: past the interval and backoff).
+
+        Never raises for a model or output failure (recorded for the backoff and returned
+        as ``failed``); raises :class:`~fermix.errors.FermixError` when the database fails,
+        after recording the failure if it can. Prompt files a failed rebuild of this process
+        left behind are repaired first.
+        """
+        if self._writer.has_stale_files:
+            self._writer.repair_files()
+        cfg = self._config.memory
+        now = self._clock()
+        with self._db.read() as reads:
+            state = reads.conversation(key)
+            newest = reads.newest_user_message_id(key)
+        skip = review.gate(
+            state,
+            now_ms=now,
+            interval_hours=cfg.review_interval_hours,
+            backoff_ms=cfg.review_failure_backoff_ms,
+            newest_user_message_id=newest,
+            force=force,
+        )
+        if skip is not None or state is None:
+            return ReviewResult(key, "skipped", skip=skip or Skip.NO_NEW_MESSAGES)
+        token = uuid.uuid4().hex
+
+        def claim(writes: Writes) -> Skip | None:
+            # Checked again under the write lock: another process may have just reviewed.
+            fresh = writes.conversation(key)
+            if fresh is None or fresh.last_reviewed_message_id >= newest:
+                return Skip.NO_NEW_MESSAGES
+            if writes.claim_review(key, token=token, now=now, ttl_ms=CLAIM_TTL_MS):
+                return None
+            return Skip.CLAIMED
+
+        lost = self._writer.write(claim, label=f"review claim {key.scope_id}")
+        if lost is not None:
+            return ReviewResult(key, "skipped", skip=lost)
+        try:
+            return self._claimed(state, newest, token)
+        except BaseException:
+            self._record_failure(key, token)
+            raise
+
+    def _claimed(self, state: ConversationState, newest: int, token: str) -> ReviewResult:
+        """The review of ``state`` once this process holds its claim ``token``."""
+        key, cfg = state.key, self._config.memory
+        with self._db.read() as reads:
+            pending = reads.messages(key, after_id=state.last_reviewed_message_id, role="user")
+            shown = shown_rows(reads, state)
+        packed = review.pack_messages(
+            [m for m in pending if m.id <= newest],
+            max_messages=cfg.review_max_messages,
+            token_budget=cfg.review_input_token_budget,
+            model=self.route.primary,
+        )
+        result = ReviewResult(key, "nothing", messages=len(packed))
+        if not packed:
+            # Every new message is larger than the whole input budget: nothing to show a model.
+            self._writer.write(
+                lambda writes: self._finish(writes, key, token, newest),
+                label=f"review of {key.scope_id}",
+            )
+            log.info("review of %s: no message fits the input budget", key.scope_id)
+            return result
+        try:
+            answer = llm.complete(
+                self.route,
+                review.build_prompt(packed, shown),
+                agent=AGENT_TAG,
+                response_format=review_answer.RESPONSE_SCHEMA,
+                metadata={"conversation": key.scope_id, "agent_id": key.agent_id},
+            )
+            result.model, result.tried = answer.model, answer.tried
+            operations = review_answer.parse(answer.content)
+        except (ModelError, ReviewOutputError) as exc:
+            log.warning("review of %s/%s failed: %s", key.agent_id, key.scope_id, exc)
+            self._record_failure(key, token)
+            result.status, result.error = "failed", str(exc)
+            result.tried = getattr(exc, "tried", result.tried)
+            return result
+        admission = review_admission.admit(operations, shown=shown, trust=state.trust)
+        for refusal in admission.refused:
+            log.info("review of %s refused %s: %s", key.scope_id, refusal.operation, refusal.reason)
+        result.refused = [f"{r.operation.op}: {r.reason}" for r in admission.refused]
+        source_message = packed[-1].id
+
+        def apply(writes: Writes) -> list[MemoryRow]:
+            written = _apply(writes, state, admission.admitted, source_message)
+            self._finish(writes, key, token, newest)
+            return written
+
+        # A shared row reaches every owner that has files already; this owner may have none.
+        rows = self._writer.write_rows(
+            apply,
+            label=f"review of {key.scope_id}",
+            reason="review",
+            also=[(state.agent_id, state.owner_id)],
+        )
+        for op in admission.admitted:
+            if op.op == "add":
+                result.added += 1
+            elif op.op == "replace":
+                result.replaced += 1
+            else:
+                result.archived += 1
+        if admission.admitted:
+            result.status = "applied"
+        # The rows are committed and the files derive from them (S1): a failed rebuild
+        # leaves the review standing, and the next review (or the next start) repairs them.
+        result.files_changed, result.error = rows.files_changed, rows.error
+        return result
+
+    def _finish(self, writes: Writes, key: ConversationKey, token: str, newest: int) -> None:
+        """Mark the messages up to ``newest`` reviewed and release the claim."""
+        if not writes.finish_review(key, token=token, now=self._clock(), last_message_id=newest):
+            raise FermixError("the review claim expired before the review finished")
+
+    def _record_failure(self, key: ConversationKey, token: str) -> None:
+        """Start the failure backoff and release the claim; logged if that fails too."""
+        try:
+            self._writer.write(
+                lambda writes: writes.fail_review(key, token=token, now=self._clock()),
+                label=f"review failure {key.scope_id}",
+            )
+        except FermixError:
+            log.exception("could not record the failed review of %s", key.scope_id)
+
+
+def _apply(
+    writes: Writes,
+    state: ConversationState,
+    operations: Sequence[Operation],
+    source_message: int,
+) -> list[MemoryRow]:
+    """Write admitted operations in the caller's unit; return the rows as before/after."""
+    if not operations:
+        return []  # nothing to attribute: no memory source is created either
+    source = writes.ensure_source(
+        agent_id=state.agent_id,
+        owner_id=state.owner_id,
+        source_type="conversation",
+        name=state.key.scope_id,
+    )
+    provenance = Provenance(
+        source_id=source.id,
+        source_type="conversation",
+        source_name=state.key.scope_id,
+        session_id=state.key.scope_id,
+        source_message_id=source_message,
+    )
+
+    def add(category: str, key: str, value: str) -> MemoryRow:
+        scope, row_owner = categories.reviewer_scope(
+            category, agent_id=state.agent_id, owner_id=state.owner_id, trust=state.trust
+        )
+        return writes.upsert_row(
+            agent_id=state.agent_id,
+            owner_id=row_owner,
+            scope=scope,
+            category=category,
+            key=key,
+            value=value,
+            promote_target=model.TARGET_OF[category],
+            provenance=provenance,
+        )
+
+    written: list[MemoryRow] = []
+    for op in operations:
+        if op.op == "add":
+            assert op.category and op.key and op.value
+            written.append(add(op.category, op.key, op.value))
+            continue
+        assert op.id is not None
+        before = writes.require_row(op.id)
+        written.append(before)
+        if op.op == "archive":
+            written.append(
+                writes.archive_row(op.id, by=review.REVIEWER, reason=op.reason or "stale")
+            )
+            continue
+        assert op.value is not None
+        category = op.category or before.category
+        if model.TARGET_OF[category] != model.TARGET_OF[before.category]:
+            # Moving a row between files would change its scope: archive and add instead.
+            written.append(writes.archive_row(op.id, by=review.REVIEWER, reason="moved"))
+            written.append(add(category, op.key or before.key, op.value))
+            continue
+        new_key = op.key
+        if new_key is not None and new_key != before.key:
+            taken = writes.row_by_key(
+                agent_id=before.agent_id,
+                owner_id=before.owner_id,
+                scope=before.scope,
+                key=new_key,
+            )
+            if taken is not None:
+                # Renaming onto another row's key would fail the whole review: keep the
+                # row's key and still take the new value.
+                log.info("review kept key %r of row %d: %r is taken", before.key, op.id, new_key)
+                new_key = None
+        written.append(
+            writes.replace_row(
+                op.id, value=op.value, key=new_key, category=op.category, provenance=provenance
+            )
+        )
+    return written

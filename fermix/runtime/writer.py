@@ -1,0 +1,160 @@
+"""``Writer``: the one write path of a process (A1, E6, C5, M6).
+
+Every write of fermix goes through here, whoever asks (the host's turn, the reviewer, the
+compactor, a tool call, the CLI, the doctor):
+
+- :meth:`Writer.append` stores a message: appends of one conversation are ordered by its
+  lock, committed through the group commit (acknowledged only once committed, retried on
+  faults that can pass), and only then delivered to the conversation's actor, so a cache
+  never holds an unwritten message;
+- :meth:`Writer.write_rows` commits a unit that writes memory rows, then rebuilds the
+  prompt files those rows show in (outside the database's write lock); a failed rebuild
+  leaves the rows committed and the files to :meth:`Writer.repair_files`;
+- :meth:`Writer.write` commits any other unit (conversation state, claims, jobs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from fermix.errors import FermixError, WriteFailedError
+from fermix.model import ConversationKey, MemoryRow, Message, NewMessage
+from fermix.runtime.prompt_files import PromptFiles, RebuildResult
+from fermix.storage import Database, Writes
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+ORDER_STRIPES = 64
+"""Locks that order appends per conversation; a few conversations share each one."""
+
+
+@dataclass
+class RowsWritten:
+    """What :meth:`Writer.write_rows` did: the rows the unit returned, the files rebuilt."""
+
+    rows: list[MemoryRow]
+    files: list[RebuildResult] = field(default_factory=list)
+    error: str | None = None
+    """Why the prompt files were not rebuilt (the rows are committed regardless)."""
+
+    @property
+    def files_changed(self) -> bool:
+        """Whether a prompt file or revision changed."""
+        return any(r.changed for r in self.files)
+
+
+class Writer:
+    """Orders, commits and announces every write of one process."""
+
+    def __init__(
+        self,
+        db: Database,
+        files: PromptFiles,
+        *,
+        deliver: Callable[[Message], None] = lambda message: None,
+    ) -> None:
+        self._db = db
+        self.files = files
+        self._deliver = deliver
+        self._stripes = [threading.Lock() for _ in range(ORDER_STRIPES)]
+        self._stale_lock = threading.Lock()
+        self._stale_agents: set[str] = set()
+
+    def append(
+        self, new: NewMessage, *, trust: str, peak_prompt_tokens: int | None = None
+    ) -> Message:
+        """Store ``new`` (and its conversation's owner, trust and recorded peak) (A1).
+
+        Returns the stored row once committed, after it was handed to the conversation's
+        actor; raises :class:`~fermix.errors.WriteFailedError` after the retries, and then
+        nothing of it was kept.
+        """
+        key = new.key
+
+        def unit(writes: Writes) -> Message:
+            writes.touch_conversation(key, owner_id=new.owner_id, trust=trust)
+            stored = writes.insert_message(new)
+            if peak_prompt_tokens is not None:
+                writes.update_conversation(key, peak_prompt_tokens=peak_prompt_tokens)
+            return stored
+
+        with self._stripes[hash(key) % ORDER_STRIPES]:
+            try:
+                stored = self._db.write(unit, label=f"append to {_name(key)}")
+            except WriteFailedError:
+                log.error("append to %s was not written", _name(key))
+                raise
+            self._deliver(stored)
+        return stored
+
+    def write(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """Commit ``unit``; return its result once committed."""
+        return self._db.write(unit, label=label)
+
+    def write_rows(
+        self,
+        unit: Callable[[Writes], Sequence[MemoryRow]],
+        *,
+        label: str,
+        reason: str = "rebuild",
+        also: Iterable[tuple[str, str]] = (),
+    ) -> RowsWritten:
+        """Commit ``unit``, which returns the rows it wrote (as before and after), then
+        rebuild every prompt file those rows show in (E6, C5).
+
+        ``also`` names (agent, owner) pairs rebuilt too when any row was written. A rebuild
+        that fails is logged and left to :meth:`repair_files`: the files are derived (S1).
+        """
+        rows = list(self._db.write(unit, label=label))
+        written = RowsWritten(rows)
+        if not rows:
+            return written
+        try:
+            written.files = self.files.rebuild_for_rows(rows, reason=reason, also=also)
+        except (FermixError, OSError) as exc:
+            log.error("%s: prompt files not rebuilt: %s", label, exc)
+            with self._stale_lock:
+                self._stale_agents.update(row.agent_id for row in rows)
+            written.error = f"prompt files not rebuilt: {exc}"
+        return written
+
+    @property
+    def has_stale_files(self) -> bool:
+        """Whether a rebuild of this process failed and awaits :meth:`repair_files`."""
+        return bool(self._stale_agents)
+
+    def repair_files(self, *, every_agent: bool = False) -> int:
+        """Render again the prompt files that lag their rows; returns how many pairs.
+
+        ``every_agent`` checks every agent and removes the temporary files of killed
+        writes (at start); otherwise only the agents whose rebuild failed in this process.
+        Errors are logged: the files are derived, and the next repair tries again.
+        """
+        with self._stale_lock:
+            agents: list[str | None] = [None] if every_agent else [*sorted(self._stale_agents)]
+        repaired = 0
+        for agent_id in agents:
+            try:
+                repaired += len(self.files.repair(agent_id=agent_id))
+                if agent_id is None:
+                    self.files.remove_orphan_temp_files()
+            except (FermixError, OSError) as exc:
+                log.warning("prompt files of %s not rebuilt: %s", agent_id or "every agent", exc)
+                continue
+            with self._stale_lock:
+                if agent_id is None:
+                    self._stale_agents.clear()
+                else:
+                    self._stale_agents.discard(agent_id)
+        if repaired:
+            log.info("rendered %d stale prompt-file pair(s) again", repaired)
+        return repaired
+
+
+def _name(key: ConversationKey) -> str:
+    return f"{key.agent_id}/{key.scope_id}"

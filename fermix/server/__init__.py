@@ -1,0 +1,1 @@
+"""The service's front door: the background process behind ``fermix supervisor``."""
