@@ -188,7 +188,7 @@ KEYS: Mapping[str, Key] = {
 """Every key by dotted name (``fermix_core.memory.review_max_messages``)."""
 
 
-def _shown(value: object) -> str:
+def _quoted(value: object) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     text = repr(value)
@@ -214,7 +214,7 @@ def validate_key(dotted_key: str, value: object, *, source: str | None = None) -
     if key is None:
         raise _unknown(dotted_key, KEYS, where)
     if not key.rule.accepts(value):
-        shown = _shown(value) if key.rule.echo else "that (value not shown)"
+        shown = _quoted(value) if key.rule.echo else "that (value not shown)"
         raise ConfigError(f"{where}{dotted_key} must be {key.kind}, not {shown}")
     return key.rule.convert(value)
 
@@ -253,14 +253,14 @@ def _from_tables(data: Mapping[str, object], source: str) -> Config:
             raise _unknown(name, [ROOT_TABLE], where)
     root = data.get(ROOT_TABLE, {})
     if not isinstance(root, dict):
-        raise ConfigError(f"{where}{ROOT_TABLE} must be a table, not {_shown(root)}")
+        raise ConfigError(f"{where}{ROOT_TABLE} must be a table, not {_quoted(root)}")
     sections: dict[str, Any] = {}
     for section, table in root.items():
         dotted = f"{ROOT_TABLE}.{section}"
         if section not in SECTIONS:
             raise _unknown(dotted, (f"{ROOT_TABLE}.{s}" for s in SECTIONS), where)
         if not isinstance(table, dict):
-            raise ConfigError(f"{where}{dotted} must be a table, not {_shown(table)}")
+            raise ConfigError(f"{where}{dotted} must be a table, not {_quoted(table)}")
         values = {k: validate_key(f"{dotted}.{k}", v, source=source) for k, v in table.items()}
         sections[section] = SECTIONS[section](**values)
     return Config(**sections)

@@ -117,7 +117,7 @@ class Supervisor(SupervisorLoop):
 
     ``name`` appears in logs and errors; ``urn`` identifies this instance. ``on_escalate``
     is called with the error when a top-level supervisor gives up (a nested one reports to
-    its parent instead); ``clock`` is the monotonic clock restart intensity is counted on.
+    its parent instead); ``monotonic`` is the clock restart intensity is counted on.
     ``start``, ``stop``, ``wait``, ``is_alive`` and ``failure`` come from SupervisorLoop.
     """
 
@@ -129,7 +129,7 @@ class Supervisor(SupervisorLoop):
         intensity: Intensity | None = None,
         name: str = "supervisor",
         on_escalate: Callable[[SupervisorEscalationError], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._specs = list(children)
         ids = [spec.id for spec in self._specs]
@@ -138,7 +138,7 @@ class Supervisor(SupervisorLoop):
         super().__init__(name, on_escalate)  # claims the link a parent offers, if any
         self.strategy = strategy
         self.intensity = intensity or Intensity()
-        self._clock = clock
+        self._monotonic = monotonic
         self._children: list[_Child] = []  # start order; changed on the worker, under _lock
         self._index: dict[str, _Child] = {}  # the same children by id, kept in step
         self._restarts: deque[float] = deque()
@@ -301,7 +301,7 @@ class Supervisor(SupervisorLoop):
                 *(self.name, spec.id, _how(reason), spec.restart.value),
             )
             return
-        if not record_restart(self._restarts, self._clock(), self.intensity):
+        if not record_restart(self._restarts, self._monotonic(), self.intensity):
             self._give_up(spec.id, reason)
             return
         started = self._restart(child)

@@ -470,7 +470,7 @@ def test_a6_intensity_exceeded_stops_children_in_reverse_order_and_escalates(
     sup = supervise(
         *(spec(journal, n) for n in "abc"),
         intensity=Intensity(max_restarts=2, period_s=10),
-        clock=FakeClock(),
+        monotonic=FakeClock(),
         on_escalate=escalated.append,
         name="top",
     )
@@ -493,7 +493,7 @@ def test_a6_restarts_older_than_the_period_do_not_count(
     supervise: MakeSupervisor, journal: Journal, logs: LogWatch
 ) -> None:
     clock = FakeClock()
-    sup = supervise(spec(journal, "a"), intensity=Intensity(1, 10), clock=clock)
+    sup = supervise(spec(journal, "a"), intensity=Intensity(1, 10), monotonic=clock)
     crash(sup, "a")
     logs.wait_for("restarted 'a'", count=1)
     clock.now = 10.5
@@ -515,7 +515,7 @@ def test_a6_a_restart_whose_factory_keeps_failing_ends_in_escalation(
             raise OSError("no database")
         return Worker.start(journal, "a")
 
-    sup = supervise(ChildSpec("a", factory), intensity=Intensity(2, 10), clock=FakeClock())
+    sup = supervise(ChildSpec("a", factory), intensity=Intensity(2, 10), monotonic=FakeClock())
     crash(sup, "a")
     with pytest.raises(SupervisorEscalationError) as error:
         sup.wait(WAIT_S)

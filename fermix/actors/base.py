@@ -38,6 +38,8 @@ from typing import Any
 
 import pykka
 
+from fermix.errors import ActorUnavailableError
+
 __all__ = ["ExitCallback", "ExitLink", "SupervisedActor", "claim_link", "offering"]
 
 ExitCallback = Callable[["ExitLink", BaseException | None], None]
@@ -116,3 +118,35 @@ class SupervisedActor(pykka.ThreadingActor):
         finally:
             if self._exit_link is not None:
                 self._exit_link.report(self._exit_reason)
+
+
+ASK_ATTEMPTS = 3
+"""Lookups of an actor an ask makes before it gives up: each one waits while a crash is
+being handled, so a death between lookup and ask costs one more lookup, not an error."""
+
+
+def ask_found(
+    find: Callable[[], pykka.ActorRef[Any]],
+    message: Any,
+    *,
+    timeout: float | None,
+    what: str,
+) -> Any:
+    """Ask the actor ``find`` returns, finding it again if it died in between.
+
+    ``find`` looks the actor up (it may raise
+    :class:`~fermix.errors.ActorUnavailableError` while its supervisor is being replaced);
+    an actor that dies after the lookup (a crash, a passivation) is looked up again once its
+    supervisor has dealt with the death. After :data:`ASK_ATTEMPTS` lookups the caller gets
+    :class:`~fermix.errors.ActorUnavailableError` naming ``what``.
+    """
+    for _ in range(ASK_ATTEMPTS):
+        try:
+            ref = find()
+        except ActorUnavailableError:
+            continue  # the next lookup waits for the replacement, or fails at once
+        try:
+            return ref.ask(message, timeout=timeout)
+        except pykka.ActorDeadError:
+            continue
+    raise ActorUnavailableError(f"{what} is unavailable")

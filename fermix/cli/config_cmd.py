@@ -148,7 +148,7 @@ def _entry(config: Config, in_file: dict[str, object], dotted: str) -> dict[str,
     }
 
 
-def _shown(value: object) -> str:
+def _as_toml(value: object) -> str:
     return "(unset)" if value is None else toml_literal(value)
 
 
@@ -166,7 +166,7 @@ def cmd_show(ctx: CommandContext, args: argparse.Namespace) -> int:
     rows = [
         (
             e["key"],
-            _shown(effective(config, e["key"])),
+            _as_toml(effective(config, e["key"])),
             "config.toml" if e["set_in_file"] else "default",
         )
         for e in entries
@@ -215,7 +215,7 @@ def cmd_unset(ctx: CommandContext, args: argparse.Namespace) -> int:
         return 0
     write_document(path, document)
     default = KEYS[args.key].default
-    console().print(f"{args.key} unset; its default {_shown(default)} applies", markup=False)
+    console().print(f"{args.key} unset; its default {_as_toml(default)} applies", markup=False)
     return _still_loads(document, path)
 
 

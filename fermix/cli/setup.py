@@ -174,7 +174,7 @@ def starting_answers(config: Config, in_file: Mapping[str, object]) -> Answers:
     return answers
 
 
-def _shown(value: object) -> str | None:
+def _offered(value: object) -> str | None:
     """The current value as the prompt offers it (None: nothing to offer)."""
     if value is None or value == []:
         return None
@@ -192,7 +192,7 @@ def ask(out: Console, question: Question, current: object) -> object:
     while True:
         if question.kind == "bool":
             return Confirm.ask(question.label, default=bool(current), console=out)
-        shown = _shown(current)
+        shown = _offered(current)
         if shown is None:
             text = Prompt.ask(question.label, console=out)
         else:

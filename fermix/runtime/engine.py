@@ -18,6 +18,7 @@ from typing import Any
 import pykka
 
 from fermix import llm
+from fermix.actors.base import ask_found
 from fermix.actors.compactor import Compact, Compactor
 from fermix.actors.conversation import (
     Appended,
@@ -46,7 +47,6 @@ from fermix.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
 
-ASK_ATTEMPTS = 3
 
 
 class _Windows:
@@ -203,19 +203,15 @@ class Runtime:
 
     def _ask(self, child: str, message: Any, timeout: float | None = 30) -> Any:
         self.check_running()
-        for _ in range(ASK_ATTEMPTS):
-            ref = self.tree.await_child(child)
-            assert isinstance(ref, pykka.ActorRef)
-            try:
-                return ref.ask(message, timeout=timeout)
-            except pykka.ActorDeadError:
-                continue  # crashed between lookup and ask: the next lookup waits for it
-        raise ActorUnavailableError(f"the {child} actor is unavailable")
+        return ask_found(
+            lambda: _ref(self.tree.await_child(child)),
+            message,
+            timeout=timeout,
+            what=f"the {child} actor",
+        )
 
     def _tell(self, child: str, message: Any) -> None:
-        ref = self.tree.child_ref(child)
-        assert isinstance(ref, pykka.ActorRef)
-        ref.tell(message)
+        _ref(self.tree.child_ref(child)).tell(message)
 
     # -- conversations -----------------------------------------------------------------
 
@@ -290,3 +286,9 @@ class Runtime:
         self.check_running()
         for key in self.reviewing.due():
             self._tell("reviewer", Review(key))
+
+
+def _ref(child: object) -> pykka.ActorRef[Any]:
+    # The tree's children named here are actors, never nested supervisors.
+    assert isinstance(child, pykka.ActorRef)
+    return child

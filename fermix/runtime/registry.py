@@ -24,6 +24,7 @@ from typing import Any
 
 import pykka
 
+from fermix.actors.base import ask_found
 from fermix.errors import ActorUnavailableError, NotFoundError
 from fermix.model import ConversationKey
 from fermix.supervision.restarts import Restart
@@ -32,7 +33,6 @@ from fermix.supervisor import ChildSpec, Supervisor
 log = logging.getLogger(__name__)
 
 SpecFactory = Callable[[ConversationKey], ChildSpec]
-ASK_ATTEMPTS = 3
 
 
 @functools.lru_cache(maxsize=4096)
@@ -84,20 +84,12 @@ class ConversationRegistry:
 
     def ask(self, key: ConversationKey, message: Any, *, timeout: float | None = 30.0) -> Any:
         """Send ``message`` to the actor of ``key`` and return its reply."""
-        for _ in range(ASK_ATTEMPTS):
-            try:
-                ref = self._ref(key)
-            except ActorUnavailableError:
-                # The supervisor looked up gave up meanwhile: the next lookup waits for the
-                # one its parent starts instead (and fails at once if the tree gave up).
-                continue
-            try:
-                return ref.ask(message, timeout=timeout)
-            except pykka.ActorDeadError:
-                # Crashed or passivated after the lookup: the next lookup waits until the
-                # supervisor has handled the death (restarted it, or forgotten it).
-                continue
-        raise ActorUnavailableError(f"conversation {key.scope_id} of {key.agent_id} is unavailable")
+        return ask_found(
+            lambda: self._ref(key),
+            message,
+            timeout=timeout,
+            what=f"conversation {key.scope_id} of {key.agent_id}",
+        )
 
     def tell(self, key: ConversationKey, message: Any) -> None:
         """Send ``message`` to the actor of ``key`` without waiting."""
