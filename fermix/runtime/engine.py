@@ -32,7 +32,12 @@ from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
-from fermix.errors import ActorUnavailableError, FermixError, SupervisorEscalationError
+from fermix.errors import (
+    ActorUnavailableError,
+    FermixError,
+    InvalidInputError,
+    SupervisorEscalationError,
+)
 from fermix.home import Home
 from fermix.model import ConversationKey, ConversationState, Message, NewMessage
 from fermix.runtime import files
@@ -85,6 +90,11 @@ class Runtime:
         monotonic: Callable[[], float] = time.monotonic,
         route: llm.Route | None = None,
     ) -> None:
+        cap = conversation_cap
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise InvalidInputError(f"conversation_cap must be an integer >= 1, not {cap!r}")
+        if isinstance(idle_s, bool) or not isinstance(idle_s, int | float) or not idle_s > 0:
+            raise InvalidInputError(f"idle_s must be a number of seconds > 0, not {idle_s!r}")
         self.home = home
         self.config = config
         self._cap = conversation_cap
