@@ -66,3 +66,41 @@ class Stopwatch:
     def last(self, name: str) -> float:
         """Milliseconds of the last timed call of ``name`` (0 if none)."""
         return self.ms[name][-1] if self.ms[name] else 0.0
+
+
+def paired_ms(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    repeats: int,
+    *,
+    before: Callable[[], object] | None = None,
+) -> tuple[list[float], list[float]]:
+    """Milliseconds of ``repeats`` calls of ``first`` and of ``second``, timed in pairs.
+
+    The two alternate, in a rotating order (first-second, then second-first), so that a
+    change in the machine's load hits both alike; one warm-up pair is not counted.
+    ``before``, when given, runs untimed before every call (to put the state back, say).
+    """
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(repeats + 1):
+        order = ((0, first), (1, second)) if i % 2 == 0 else ((1, second), (0, first))
+        for slot, fn in order:
+            if before is not None:
+                before()
+            started = time.perf_counter()
+            fn()
+            elapsed = (time.perf_counter() - started) * 1000
+            if i:
+                times[slot].append(elapsed)
+    return times
+
+
+def repeated_ms(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Milliseconds of ``repeats`` calls of ``fn``, after one warm-up call not counted."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - started) * 1000)
+    return times

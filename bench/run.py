@@ -8,10 +8,20 @@ one after another so that they do not load the machine for each other, with a ti
 each. A script's figures are the JSON object it prints last. The report gives, for each
 benchmark, every figure of :data:`FIGURES` beside its baseline from the same run, their
 ratio and the target from the issues, whether it was met, and the machine it ran on; the
-JSON lines themselves go in an appendix.
+JSON lines themselves go in an appendix. A baseline does the same work as its figure (each
+script's docstring says how) and gets a ratio; one that is only there for scale (a bare
+interpreter's start, say) is marked so and gets none.
 
 ``--quick`` passes ``--quick`` to every script: small sizes, a few minutes in all, for CI.
-Without it each script runs its full size, to be run by hand.
+Its report goes to a temporary file (its path is printed), never over ``bench/RESULTS.md``,
+unless ``--output`` names a path. Without it each script runs its full size, to be run by
+hand, and the report is ``bench/RESULTS.md``.
+
+The report says at which commit the run ran and whether the working tree was clean, at the
+start and at the end of the run (``git status --porcelain``; RESULTS.md itself counts), and
+names every ``.py`` file of ``bench/`` that was not run, and why: nothing is skipped
+silently. A name given to ``--only`` that has no script is a failed benchmark, not a
+silent omission.
 
 A missed target is a finding, not a failure: the exit code is 0 when every script gave its
 figures, 1 when one crashed, timed out, printed no JSON or is missing. The last line
@@ -29,6 +39,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +51,8 @@ import apsw
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 DEFAULT_OUTPUT = BENCH / "RESULTS.md"
+QUICK_OUTPUT = Path(tempfile.gettempdir()) / "fermix-bench-RESULTS-quick.md"
+HELPER_REASON = "a helper module the scripts import (its name starts with `_`), not a benchmark"
 QUICK_TIMEOUT_S = 600.0
 FULL_TIMEOUT_S = 3600.0
 STDERR_TAIL_LINES = 25
@@ -95,6 +108,7 @@ class Figure:
     baseline: str | None = None
     baseline_label: str = ""
     ratio: str | None = None  # the script's own ratio key; otherwise fermix / baseline
+    same_work: bool = True  # False: the baseline is shown for scale only, with no ratio
     target: Target | None = None
     if_null: str = ""  # why the script may print null for this row's figures
 
@@ -129,15 +143,26 @@ FIGURES: dict[str, Benchmark] = {
                 "words OR-ed, unicode61",
             ),
             Figure(
-                "turn R@10 (%), bm25 alone",
+                "turn R@10 (%), same index",
+                "turn_r10",
                 "plain_fts5_r10",
-                "baseline_porter_r10",
-                "porter, minus stopwords",
+                "its words, FTS5 bm25 alone",
             ),
             Figure("turn R@5 (%)", "turn_r5"),
             Figure("turn R@20 (%)", "turn_r20"),
-            Figure("query p50 (ms)", "p50_ms"),
-            Figure("query p99 (ms)", "p99_ms"),
+            Figure(
+                "query p50 (ms)",
+                "p50_ms",
+                "plain_fts5_p50_ms",
+                "its words, bm25 alone, same index",
+                ratio="p50_ratio_vs_plain_fts5",
+            ),
+            Figure(
+                "query p99 (ms)",
+                "p99_ms",
+                "plain_fts5_p99_ms",
+                "its words, bm25 alone, same index",
+            ),
         ),
         "only the first LoCoMo conversation, not the whole file the 58.8 target is set on",
     ),
@@ -203,27 +228,44 @@ FIGURES: dict[str, Benchmark] = {
         (
             Figure(
                 "rebuild after one change, 10k rows (ms)",
-                "rebuild_ms_10k",
-                "raw_read_ms_10k",
-                "SELECT of all 10k rows",
+                "rebuild_ms",
+                "rebuild_by_hand_ms",
+                "the same rebuild by hand, raw apsw",
+                ratio="rebuild_ratio_vs_by_hand",
                 target=Target("<", 50.0, source="issue 4"),
             ),
             Figure(
                 "rebuild, unchanged rows (ms)",
-                "rebuild_unchanged_ms_10k",
-                "raw_read_ms_10k",
-                "SELECT of all 10k rows",
+                "rebuild_unchanged_ms",
+                "rebuild_unchanged_by_hand_ms",
+                "the same rebuild by hand, raw apsw",
+                ratio="rebuild_unchanged_ratio_vs_by_hand",
+            ),
+            Figure(
+                "render both files, pure (ms)",
+                "render_ms",
+            ),
+            Figure(
+                "read all 10k live rows (ms)",
+                "read_rows_ms",
+                "read_rows_raw_ms",
+                "the same SELECT, raw apsw tuples",
+                ratio="read_rows_ratio_vs_raw",
             ),
             Figure(
                 "compose a 200-message conversation (ms)",
-                "compose_ms_200",
-                "raw_history_read_ms_200",
-                "SELECT of the 200 messages",
-                ratio="compose_ratio_vs_raw",
+                "compose_ms",
+                "compose_by_hand_ms",
+                "the same messages by hand from SQLite",
+                ratio="compose_ratio_vs_by_hand",
                 target=Target("<=", 2.0, on_ratio=True, source="issue 4"),
             ),
+            Figure(
+                "compose, pure part (ms)",
+                "compose_pure_ms",
+            ),
         ),
-        "5 repetitions instead of 30",
+        "15 repetitions instead of 30",
     ),
     "review": Benchmark(
         "fermix's own time in one memory review (model on loopback)",
@@ -284,21 +326,30 @@ FIGURES: dict[str, Benchmark] = {
             Figure(
                 "memory list, p50 (ms)",
                 "memory_list_ms_p50",
-                "python_start_ms_p50",
-                "`python -c pass`, p50",
+                "memory_list_by_hand_ms_p50",
+                "the same by hand, apsw script, p50",
+                ratio="memory_list_ratio_vs_by_hand",
                 target=Target("<", 500.0, source="issue 2"),
             ),
             Figure(
                 "memory list, p95 (ms)",
                 "memory_list_ms_p95",
-                "python_start_ms_p95",
-                "`python -c pass`, p95",
+                "memory_list_by_hand_ms_p95",
+                "the same by hand, apsw script, p95",
             ),
             Figure(
                 "memory list on a new directory, p50 (ms)",
                 "memory_list_fresh_ms_p50",
+                "memory_list_fresh_by_hand_ms_p50",
+                "the same by hand, with the migrations, p50",
+                ratio="memory_list_fresh_ratio_vs_by_hand",
+            ),
+            Figure(
+                "memory list, p50, beside the bare interpreter (ms)",
+                "memory_list_ms_p50",
                 "python_start_ms_p50",
                 "`python -c pass`, p50",
+                same_work=False,
             ),
             Figure(
                 "litellm imported",
@@ -307,6 +358,16 @@ FIGURES: dict[str, Benchmark] = {
             ),
         ),
         "7 runs of each instead of 30",
+    ),
+    "doctor": Benchmark(
+        "`fermix doctor` on a large home (no same-work baseline: its per-check times are in"
+        " the JSON)",
+        (
+            Figure("doctor, p50 (ms)", "doctor_ms_p50"),
+            Figure("doctor --full, p50 (ms)", "doctor_full_ms_p50"),
+            Figure("messages in the home", "messages"),
+        ),
+        "50,000 messages instead of 1,000,000, 1 run instead of 3",
     ),
 }
 
@@ -344,16 +405,22 @@ class Row:
     absent: tuple[str, ...]  # keys the row reads that the script's JSON does not have
 
 
-def scripts(only: Sequence[str]) -> list[str]:
-    """Benchmark names to run: those of FIGURES, then any other script found in bench/."""
-    # A module whose name starts with "_" is a helper the scripts import, not a benchmark.
-    found = sorted(
-        p.stem
-        for p in BENCH.glob("*.py")
-        if p.name != Path(__file__).name and not p.name.startswith("_")
-    )
-    names = [*FIGURES, *(n for n in found if n not in FIGURES)]
-    return [n for n in names if not only or n in only]
+def scripts(only: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Benchmark names to run, and every ``.py`` file of bench/ not run with the reason.
+
+    To run: those of FIGURES, then any other script found in bench/; with ``only``, exactly
+    those names, in that order (a name with no script fails when run, it is not dropped).
+    """
+    found = sorted(p.name for p in BENCH.glob("*.py") if p.name != Path(__file__).name)
+    helpers = [n for n in found if n.startswith("_")]
+    benches = [n.removesuffix(".py") for n in found if not n.startswith("_")]
+    names = [*FIGURES, *(n for n in benches if n not in FIGURES)]
+    skipped = [(n, HELPER_REASON) for n in helpers]
+    if only:
+        chosen = list(dict.fromkeys(only))
+        skipped += [(f"{n}.py", "not named by --only") for n in names if n not in chosen]
+        names = chosen
+    return names, skipped
 
 
 def last_json(stdout: str) -> tuple[dict[str, Any] | None, str]:
@@ -441,7 +508,7 @@ def evaluate(figure: Figure, figures: Mapping[str, Any]) -> Row:
     ratio: float | None = None
     if figure.ratio is not None:
         ratio = figures.get(figure.ratio)
-    elif _is_number(value) and _is_number(baseline) and baseline != 0:
+    elif figure.same_work and _is_number(value) and _is_number(baseline) and baseline != 0:
         ratio = value / baseline
     if target is None:
         return Row(figure, value, baseline, ratio, "", "", absent)
@@ -489,7 +556,6 @@ def machine() -> dict[str, str]:
         "OS": platform.platform(),
         "Python": f"{platform.python_version()} ({platform.python_implementation()})",
         "SQLite": f"{apsw.sqlite_lib_version()} (apsw {apsw.apsw_version()})",
-        "commit": commit(),
     }
 
 
@@ -524,26 +590,53 @@ def memory() -> str:
     return f"{total}, {kib['MemAvailable'] / 2**20:.1f} GiB available at start"
 
 
-def commit() -> str:
-    """The checkout's commit, and whether it had uncommitted changes."""
+@dataclass(frozen=True)
+class Checkout:
+    """The commit a run ran at, and the working tree's uncommitted changes then."""
+
+    commit: str  # the full hash, or "" when this is not a git checkout
+    changes: tuple[str, ...]  # `git status --porcelain` lines; empty when the tree is clean
+
+    @property
+    def known(self) -> bool:
+        return bool(self.commit)
+
+    @property
+    def clean(self) -> bool:
+        return self.known and not self.changes
+
+    def describe(self) -> str:
+        """The tree as the report shows it."""
+        if not self.known:
+            return "unknown (not a git checkout, or git failed)"
+        if self.clean:
+            return "clean"
+        shown = ", ".join(f"`{line[3:]}`" for line in self.changes[:CHANGES_SHOWN])
+        more = len(self.changes) - CHANGES_SHOWN
+        return f"**{len(self.changes)} uncommitted changes**: {shown}" + (
+            f" and {more} more" if more > 0 else ""
+        )
+
+
+CHANGES_SHOWN = 12
+
+
+def checkout() -> Checkout:
+    """The checkout's commit, and its uncommitted changes (read only: no git state changes)."""
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head = _git("rev-parse", "HEAD").strip()
+        status = _git("status", "--porcelain", "--untracked-files=all")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return f"{head} (with uncommitted changes)" if dirty else head
+        return Checkout("", ())
+    return Checkout(head, tuple(line for line in status.splitlines() if line.strip()))
+
+
+def _git(*args: str) -> str:
+    # --no-optional-locks: `git status` must not refresh (write) the index behind the back
+    # of someone committing in this checkout.
+    return subprocess.run(
+        ["git", "--no-optional-locks", *args], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def loadavg() -> str:
@@ -563,27 +656,52 @@ class Context:
     started: datetime.datetime
     load_start: str
     load_end: str
+    tree_start: Checkout
+    tree_end: Checkout
+    not_run: Sequence[tuple[str, str]]
+    command: str
+
+
+def tree_sentence(start: Checkout, end: Checkout) -> str:
+    """Where the run ran, in one sentence for the report's first paragraph."""
+    if not start.known:
+        return "outside a git checkout (no commit recorded)."
+    where = f"at commit `{start.commit[:12]}`"
+    if end.commit != start.commit:
+        return f"{where}; HEAD moved to `{end.commit[:12] or 'unknown'}` during the run."
+    if start.clean and end.clean:
+        return f"{where}, on a clean working tree (at the start and at the end)."
+    if start.clean:
+        return f"{where}, on a tree that was clean at the start but not at the end."
+    return f"{where}, with uncommitted changes in the working tree."
 
 
 def report(outcomes: Sequence[Outcome], run: Context) -> str:
     """The whole of RESULTS.md."""
     quick, started = run.quick, run.started
     mode = "quick" if quick else "full"
+    start, end = run.tree_start, run.tree_end
     lines = [
         "# Benchmark results",
         "",
-        f"A **{mode}** run of `python bench/run.py{' --quick' if quick else ''}`, started"
-        f" {started:%Y-%m-%d %H:%M} UTC. This file is written by that command; do not edit"
+        f"A **{mode}** run of `{run.command}`, started {started:%Y-%m-%d %H:%M} UTC,"
+        f" {tree_sentence(start, end)} This file is written by that command; do not edit"
         " it by hand.",
         "",
     ]
+    if not (start.clean and end.clean):
+        lines += [
+            "**These figures are not those of a commit alone: the working tree was not clean"
+            " (or could not be read) during the run. Regenerate from a clean checkout.**",
+            "",
+        ]
     if quick:
         lines += [
             "Quick mode gives every script its small sizes and few repetitions (each section"
             " says which), so CI can run it in a few minutes: it shows where each figure"
             " stands, not its settled value, and a few targets are set on the full sizes."
             " For a full run, by hand: `.venv/bin/python bench/run.py` (no `--quick`), which"
-            " rewrites this file.",
+            " writes `bench/RESULTS.md`.",
             "",
         ]
     if run.note:
@@ -595,16 +713,21 @@ def report(outcomes: Sequence[Outcome], run: Context) -> str:
         " against a baseline measured in the same run, in the same process, are steadier."
         " The scripts ran one after another, never two at once.",
         "",
-        "How to read a table: *baseline* is measured in the same run; *ratio* is fermix's"
-        " figure divided by the baseline's (for rates above 1 is faster, for times below 1"
-        " is faster; where a script computes its own ratio, its figure is shown). A missed"
-        " target is shown as **MISSED**, never left out.",
+        "How to read a table: *baseline* is measured in the same run and, unless marked"
+        " *for scale*, does the same work as fermix's figure (each script's docstring says"
+        " how); *ratio* is fermix's figure divided by the baseline's (for rates above 1 is"
+        " faster, for times below 1 is faster; where a script computes its own ratio, its"
+        " figure is shown). A baseline marked *for scale* gets no ratio. A missed target is"
+        " shown as **MISSED**, never left out.",
         "",
         "## Machine",
         "",
         "| | |",
         "|---|---|",
         *(f"| {k} | {v} |" for k, v in run.header.items()),
+        f"| commit | {start.commit or 'unknown'} |",
+        f"| working tree at start | {start.describe()} |",
+        f"| working tree at end | {end.describe()} |",
         f"| load average (1 / 5 / 15 min) | {run.load_start} at start, {run.load_end} at end |",
         f"| date | {started:%Y-%m-%d %H:%M:%S} UTC |",
         f"| mode | {mode} |",
@@ -624,6 +747,9 @@ def report(outcomes: Sequence[Outcome], run: Context) -> str:
             f"| {outcome.name} | `bench/{outcome.name}.py` | {status} | {met}"
             f" | {outcome.seconds:.1f} | {outcome.load[0]:.2f} → {outcome.load[1]:.2f} |"
         )
+    if run.not_run:
+        lines += ["", "Not run:", ""]
+        lines += [f"- `bench/{name}`: {why}." for name, why in run.not_run]
     for outcome in outcomes:
         lines += ["", *section(outcome, quick)]
     lines += [
@@ -672,6 +798,8 @@ def section(outcome: Outcome, quick: bool) -> list[str]:
         baseline = ""
         if row.figure.baseline:
             baseline = f"{fmt(row.baseline)} ({row.figure.baseline_label})"
+            if not row.figure.same_work:
+                baseline += ", for scale: not the same work"
         source = row.figure.target.source if row.figure.target else ""
         target = f"{row.target} ({source})" if source else row.target
         verdict = VERDICTS[row.verdict]
@@ -694,15 +822,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="every script's quick mode (CI)")
     parser.add_argument("--timeout", type=float, help="seconds per script (600 quick, 3600 full)")
     parser.add_argument("--only", nargs="+", default=[], metavar="NAME", help="these only")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the report")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help=f"the report (default: bench/RESULTS.md; with --quick, {QUICK_OUTPUT})",
+    )
     parser.add_argument("--note", default="", help="what to know about the machine, in bold")
     args = parser.parse_args(argv)
+    output = args.output or (QUICK_OUTPUT if args.quick else DEFAULT_OUTPUT)
     timeout = args.timeout or (QUICK_TIMEOUT_S if args.quick else FULL_TIMEOUT_S)
     started = datetime.datetime.now(datetime.UTC)
     header = machine()
+    tree_start = checkout()
     load_start = loadavg()
+    names, not_run = scripts(args.only)
+    for name, why in not_run:
+        print(f"bench/{name}: not run: {why}", file=sys.stderr)
     outcomes = []
-    for name in scripts(args.only):
+    for name in names:
         print(f"bench/{name}.py ...", end=" ", file=sys.stderr, flush=True)
         outcome = run_script(name, args.quick, timeout)
         print(
@@ -710,9 +847,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         outcomes.append(outcome)
-    run = Context(args.quick, args.note, header, started, load_start, loadavg())
-    args.output.write_text(report(outcomes, run))
-    print(f"wrote {args.output}", file=sys.stderr)
+    tree_end = checkout()
+    command = " ".join(["python bench/run.py", *(argv if argv is not None else sys.argv[1:])])
+    run = Context(
+        args.quick,
+        args.note,
+        header,
+        started,
+        load_start,
+        loadavg(),
+        tree_start,
+        tree_end,
+        not_run,
+        command,
+    )
+    output.write_text(report(outcomes, run))
+    print(
+        f"wrote {output} (commit {tree_start.commit[:12] or 'unknown'},"
+        f" tree {'clean' if tree_start.clean and tree_end.clean else 'NOT clean'})",
+        file=sys.stderr,
+    )
     print(json.dumps({o.name: tally(o) for o in outcomes}))
     return 0 if all(o.ok for o in outcomes) else 1
 

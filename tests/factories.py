@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig, RealtimeConfig
+from fermix.core import categories
 from fermix.home import Home
-from fermix.model import ConversationKey, MemoryRow, Message, Scope
+from fermix.model import TARGET_OF, USER_MD, ConversationKey, MemoryRow, Message, Scope
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Reads, Writes
@@ -165,3 +166,30 @@ def upsert(
         value=value,
         promote_target=promote_target,
     )
+
+
+def fact(
+    category: str, key: str, value: str, *, agent_id: str = "agent", owner_id: str = ""
+) -> Callable[[Writes], list[MemoryRow]]:
+    """A write unit (for ``db.write`` or ``writer.write_rows``) storing one fact where the
+    reviewer would (SC2): a profile category in ``owner_id``'s scope, for USER.md; a
+    ``context`` or ``directive`` in the agent's scope, for MEMORY.md, kept to ``owner_id`` as
+    a guest's is, or shared by every owner when ``owner_id`` is ``""``, as an operator's is."""
+    if TARGET_OF[category] == USER_MD:
+        scope = categories.owner_scope(owner_id)
+    else:
+        scope = categories.agent_scope(agent_id)
+
+    def unit(writes: Writes) -> list[MemoryRow]:
+        row = writes.upsert_row(
+            agent_id=agent_id,
+            owner_id=owner_id,
+            scope=scope,
+            category=category,
+            key=key,
+            value=value,
+            promote_target=TARGET_OF[category],
+        )
+        return [row]
+
+    return unit

@@ -2,9 +2,10 @@
 
 Sessions run in this process through :func:`fermix.cli.main`, with the lines typed at the
 prompt scripted and the output captured. What only a terminal shows runs as a real process
-on a pseudo-terminal: the child is started with :func:`pty.fork`, so the pty is its
-controlling terminal: Ctrl-D at the start of a line is end of input and Ctrl-C is a real
-SIGINT, as at a keyboard. Reads wait on ``select`` with a deadline; nothing sleeps.
+on a pseudo-terminal (marked slow: the child imports litellm): it is started with
+:func:`pty.fork`, so the pty is its controlling terminal: Ctrl-D at the start of a line is
+end of input and Ctrl-C is a real SIGINT, as at a keyboard. Reads wait on ``select`` with a
+deadline; nothing sleeps.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from factories import reading
 from model_server import ModelServer
 
 import fermix.cli.chat_host
@@ -39,7 +41,6 @@ from fermix.cli.chat_host import (
 from fermix.core import commands
 from fermix.core.compaction import SUMMARY_PROMPT
 from fermix.model import ConversationKey, Message
-from fermix.storage import conversations, messages, open_database
 
 KEY = ConversationKey("default", "cli", "terminal")
 PROMPT = "you> "
@@ -225,13 +226,10 @@ def in_order(text: str, *parts: str) -> None:
 
 def stored(home: Path) -> tuple[list[Message], list[Message], model.ConversationState]:
     """Every stored message of the terminal conversation, its window, and its state."""
-    conn = open_database(home / "memory.db")
-    try:
-        state = conversations.get(conn, KEY)
+    with reading(home) as reads:
+        state = reads.conversation(KEY)
         assert state is not None
-        return messages.conversation(conn, KEY), conversations.window(conn, KEY), state
-    finally:
-        conn.close()
+        return reads.messages(KEY), reads.window(KEY), state
 
 
 def test_h2_a_session_runs_turns_tools_and_commands_and_stores_everything(
@@ -328,6 +326,7 @@ def test_h2_a_session_runs_turns_tools_and_commands_and_stores_everything(
     assert not (chat_home / "memory" / "default" / "MEMORY.md").exists()
 
 
+@pytest.mark.slow  # a real process on a pty, importing litellm
 def test_h2_ctrl_c_at_the_prompt_leaves_cleanly_with_every_message_written(
     start: Start, chat_home: Path, model_server: ModelServer
 ) -> None:
@@ -346,6 +345,7 @@ def test_h2_ctrl_c_at_the_prompt_leaves_cleanly_with_every_message_written(
     ]
 
 
+@pytest.mark.slow  # a real process on a pty, importing litellm
 def test_h2_ctrl_c_while_the_model_thinks_leaves_cleanly_with_the_question_written(
     start: Start, chat_home: Path, model_server: ModelServer
 ) -> None:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import StartMemory, config_for
 from hypothesis import given
 from hypothesis import strategies as st
 from model_server import ModelServer
 
 from fermix import Conversation, Memory
-from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig
+from fermix.config import CompactionConfig
 from fermix.core import categories
 from fermix.core.commands import Command, allowed, help_text, parse, refusal
 from fermix.model import Provenance
@@ -99,17 +98,11 @@ def test_k4_the_help_text_lists_every_fermix_command_then_the_hosts_in_aligned_c
 
 
 @pytest.fixture
-def running(home: Path, model_server: ModelServer) -> Iterator[Memory]:
-    """A running Memory on the loopback model server, with background review off."""
-    config = Config(
-        memory=MemoryConfig(review_interval_hours=0),
-        model=ModelConfig(
-            primary="openai/test", api_base=model_server.url, context_window=2_000, timeout_s=5
-        ),
-        compaction=CompactionConfig(reasoning_effort="low"),
-    )
-    with Memory(home, config=config) as memory:
-        yield memory
+def running(start_memory: StartMemory, model_server: ModelServer) -> Memory:
+    """A running Memory on the loopback model server with a 2,000-token context window, so
+    30 turns are enough to compact, and summaries at reasoning effort "low"."""
+    compaction = CompactionConfig(reasoning_effort="low")
+    return start_memory(config_for(model_server, context_window=2_000, compaction=compaction))
 
 
 def dump(memory: Memory) -> dict[str, list[tuple[Any, ...]]]:

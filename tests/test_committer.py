@@ -18,6 +18,7 @@ from typing import Any
 
 import apsw
 import pytest
+from factories import reading, stored_messages
 from faults import FaultVFS
 
 from fermix.errors import StorageError, WriteFailedError
@@ -37,12 +38,9 @@ def _insert(text: str, key: ConversationKey = KEY) -> Callable[[apsw.Connection]
     return lambda conn: messages.insert(conn, NewMessage(key, "user", text))
 
 
-def _stored(db: Path, key: ConversationKey = KEY) -> list[str]:
-    conn = open_database(db)
-    try:
-        return [m.content for m in messages.conversation(conn, key)]
-    finally:
-        conn.close()
+def _stored(home: Path, key: ConversationKey = KEY) -> list[str]:
+    """The texts of ``key``'s messages in ``home``'s ``memory.db``, oldest first."""
+    return [m.content for m in stored_messages(home, key)]
 
 
 class _WatchedQueue(deque[Any]):
@@ -94,7 +92,7 @@ def _call(committer: Committer, work: Work, label: str = "unit") -> Future[Any]:
 
 @pytest.fixture
 def committer(tmp_path: Path) -> Iterator[Committer]:
-    committer = Committer(open_database(tmp_path / "m.db"))
+    committer = Committer(open_database(tmp_path / "memory.db"))
     yield committer
     committer.close()
 
@@ -115,7 +113,7 @@ def _hold_and_queue(committer: Committer, works: list[Work]) -> tuple[_Gate, lis
 
 
 def test_a1_concurrent_units_share_commits_and_all_land(tmp_path: Path) -> None:
-    committer = Committer(open_database(tmp_path / "m.db"))
+    committer = Committer(open_database(tmp_path / "memory.db"))
     start = threading.Barrier(8)
 
     def writer(n: int) -> None:
@@ -128,14 +126,14 @@ def test_a1_concurrent_units_share_commits_and_all_land(tmp_path: Path) -> None:
         t.start()
     for t in threads:
         t.join(30)
-    conn = open_database(tmp_path / "m.db")
-    assert messages.count(conn, KEY) == 400
+    with reading(tmp_path) as reads:
+        assert reads.count_messages(KEY) == 400
     assert committer.batches <= 400
     committer.close()
 
 
 def test_a1_a_failing_unit_is_left_out_and_its_batchmates_commit(tmp_path: Path) -> None:
-    committer = Committer(open_database(tmp_path / "m.db"))
+    committer = Committer(open_database(tmp_path / "memory.db"))
 
     def bad(conn: apsw.Connection) -> None:
         messages.insert(conn, NewMessage(KEY, "user", "half"))
@@ -149,13 +147,13 @@ def test_a1_a_failing_unit_is_left_out_and_its_batchmates_commit(tmp_path: Path)
     assert isinstance(outcomes[1], ValueError)
     assert gated.result(WAIT_S) == "gate"
     assert committer.batches == before + 2  # the gate's transaction, then one for the three
-    assert _stored(tmp_path / "m.db") == ["a", "b"]
+    assert _stored(tmp_path) == ["a", "b"]
     committer.close()
 
 
 def test_a1_transient_faults_are_retried_then_typed(tmp_path: Path) -> None:
     committer = Committer(
-        open_database(tmp_path / "m.db", vfs=_vfs.vfs_name), retry=RetryPolicy(attempts=3)
+        open_database(tmp_path / "memory.db", vfs=_vfs.vfs_name), retry=RetryPolicy(attempts=3)
     )
     _vfs.plan.fail("write", times=2, suffix="-wal")
     committer.run(_insert("after two faults"))
@@ -165,8 +163,7 @@ def test_a1_transient_faults_are_retried_then_typed(tmp_path: Path) -> None:
             committer.run(_insert("never"))
     finally:
         _vfs.plan.clear()
-    conn = open_database(tmp_path / "m.db")
-    assert [m.content for m in messages.conversation(conn, KEY)] == ["after two faults"]
+    assert _stored(tmp_path) == ["after two faults"]
     committer.close()
 
 
@@ -194,7 +191,7 @@ def test_a1_s8_each_of_many_threads_gets_its_own_results_in_the_order_it_called(
         ids = [m.id for m in stored]
         assert ids == sorted(ids)
         key = ConversationKey("agent", "cli", f"t{n}")
-        assert _stored(tmp_path / "m.db", key) == [m.content for m in stored]
+        assert _stored(tmp_path, key) == [m.content for m in stored]
     assert committer.batches <= threads * per_thread
 
 
@@ -221,7 +218,7 @@ def test_s8_units_queued_behind_a_busy_connection_commit_in_one_transaction_in_q
     assert [m.id for m in stored] == sorted(m.id for m in stored)
     # One thread committed the batch for its four callers: the writer, none of them.
     assert len(set(ran_on)) == 1 and ran_on[0].name == "fermix-committer"
-    assert _stored(tmp_path / "m.db") == texts
+    assert _stored(tmp_path) == texts
 
 
 def test_a1_a_units_database_error_reaches_only_its_caller_typed(
@@ -239,14 +236,14 @@ def test_a1_a_units_database_error_reaches_only_its_caller_typed(
     error = futures[1].exception(WAIT_S)
     assert isinstance(error, WriteFailedError) and "unit 2" in str(error)
     assert isinstance(error.__cause__, apsw.ConstraintError)
-    assert _stored(tmp_path / "m.db") == ["a", "b"]
+    assert _stored(tmp_path) == ["a", "b"]
 
 
 def test_a1_s8_a_batch_whose_commit_keeps_failing_fails_every_caller_and_keeps_nothing(
     tmp_path: Path,
 ) -> None:
     committer = Committer(
-        open_database(tmp_path / "m.db", vfs=_vfs.vfs_name),
+        open_database(tmp_path / "memory.db", vfs=_vfs.vfs_name),
         retry=RetryPolicy(attempts=3, initial_wait_s=0.001, max_wait_s=0.005),
     )
     gate, (gated, *futures) = _hold_and_queue(committer, [_insert("a"), _insert("b"), _insert("c")])
@@ -259,10 +256,10 @@ def test_a1_s8_a_batch_whose_commit_keeps_failing_fails_every_caller_and_keeps_n
     assert gated.result(WAIT_S) == "gate"  # it wrote nothing: its commit had no page to write
     for error in errors:
         assert isinstance(error, WriteFailedError) and "3 attempts" in str(error)
-    assert _stored(tmp_path / "m.db") == []
+    assert _stored(tmp_path) == []
     committer.run(_insert("after the fault"))
     committer.close()
-    assert _stored(tmp_path / "m.db") == ["after the fault"]
+    assert _stored(tmp_path) == ["after the fault"]
 
 
 def test_s8_a_lone_caller_commits_on_its_own_thread_and_queues_only_after_contention(
@@ -315,7 +312,7 @@ def _close_in_thread(committer: Committer) -> tuple[threading.Thread, threading.
 def test_a1_a8_close_while_busy_commits_the_queued_work_then_refuses_new_work(
     tmp_path: Path,
 ) -> None:
-    committer = Committer(open_database(tmp_path / "m.db"))
+    committer = Committer(open_database(tmp_path / "memory.db"))
     gate, futures = _hold_and_queue(committer, [_insert("a"), _insert("b")])
     logger = logging.getLogger("fermix.storage.committer")
     seen, level = _Seen("closing the writer"), logger.level
@@ -335,13 +332,13 @@ def test_a1_a8_close_while_busy_commits_the_queued_work_then_refuses_new_work(
     assert closed.is_set()
     assert futures[0].result(WAIT_S) == "gate"
     assert [f.result(WAIT_S).content for f in futures[1:]] == ["a", "b"]
-    assert _stored(tmp_path / "m.db") == ["a", "b"]
+    assert _stored(tmp_path) == ["a", "b"]
     writer = committer._writer
     assert writer is not None and not writer.is_alive()
 
 
 def test_a1_close_waits_for_a_lone_caller_that_is_committing(tmp_path: Path) -> None:
-    committer = Committer(open_database(tmp_path / "m.db"))
+    committer = Committer(open_database(tmp_path / "memory.db"))
     gate = _Gate()
     gated = _call(committer, gate)
     assert gate.entered.wait(WAIT_S)

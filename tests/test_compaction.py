@@ -12,16 +12,17 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from factories import MODEL, StartMemory, config_for
 from faults import FaultVFS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_server import ModelServer
 
 from fermix.actors.compactor import Compact, Compactor
-from fermix.config import CompactionConfig, Config, MemoryConfig, ModelConfig, RealtimeConfig
+from fermix.config import CompactionConfig, Config
 from fermix.core import compaction
 from fermix.core.compaction import (
     MESSAGE_OVERHEAD,
@@ -45,7 +46,6 @@ from fermix.tokens import count_tokens, uses_tiktoken
 if TYPE_CHECKING:
     from fermix import Conversation, Memory
 
-MODEL = "openai/test"
 WINDOW = 2_000
 BUDGET = WINDOW // 2
 THRESHOLD_TOKENS = 1_700  # 0.85 x 2,000
@@ -232,23 +232,22 @@ KEY = ConversationKey("agent", "cli", "1")
 _faulty = FaultVFS("fermix-faulty-compaction")
 
 
-def config_for(
+def small_window(
     server: ModelServer,
     *,
     enabled: bool = True,
-    effort: str = "high",
     primary: str = MODEL,
     context_window: int | None = WINDOW,
 ) -> Config:
-    """A small context window on the loopback server; background review off, so every
-    request the server receives is a compaction's."""
-    return Config(
-        memory=MemoryConfig(review_interval_hours=0),
-        model=ModelConfig(
-            primary=primary, api_base=server.url, context_window=context_window, timeout_s=5
-        ),
-        compaction=CompactionConfig(enabled=enabled, reasoning_effort=effort),
-        realtime=RealtimeConfig(persist_transcripts=True),
+    """:func:`config_for` the loopback ``server`` with the 2,000-token context window,
+    summaries at reasoning effort "high", and transcripts kept; background review is off,
+    so every request the server receives is a compaction's."""
+    return config_for(
+        server,
+        primary=primary,
+        context_window=context_window,
+        compaction=CompactionConfig(enabled=enabled, reasoning_effort="high"),
+        persist_transcripts=True,
     )
 
 
@@ -263,10 +262,10 @@ class Rig:
         self.now = [1_800_000_000_000]
         self.compacted: list[tuple[ConversationKey, ConversationState | None]] = []
 
-    def compacting(self, **config: object) -> Compacting:
-        """The use case on this database, its config :func:`config_for` with ``config``."""
+    def compacting(self, **config: Any) -> Compacting:
+        """The use case on this database, its config :func:`small_window` with ``config``."""
         return Compacting(
-            config_for(self.server, **config),  # type: ignore[arg-type]
+            small_window(self.server, **config),
             self.db,
             self.writer,
             clock=lambda: self.now[0],
@@ -626,12 +625,9 @@ def test_a5_a_storage_failure_is_a_failed_result_and_the_compactor_runs_on(
 
 
 @pytest.fixture
-def running(home: Path, model_server: ModelServer) -> Iterator[Memory]:
-    """A running Memory whose model route is the loopback server."""
-    from fermix import Memory
-
-    with Memory(home, config=config_for(model_server)) as memory:
-        yield memory
+def running(start_memory: StartMemory, model_server: ModelServer) -> Memory:
+    """A running Memory whose model route is the loopback server, with the small window."""
+    return start_memory(small_window(model_server))
 
 
 def fill(conv: Conversation, turns: int) -> list[Message]:
@@ -742,23 +738,21 @@ def test_k4_the_failure_backoff_does_not_hold_back_slash_compact(
 
 
 def test_k2_disabled_compaction_never_compacts_after_delivery_but_slash_compact_works(
-    home: Path, model_server: ModelServer
+    start_memory: StartMemory, model_server: ModelServer
 ) -> None:
-    from fermix import Memory
+    memory = start_memory(small_window(model_server, enabled=False))
+    conv = memory.conversation("agent", "cli", "1", owner_id="alice")
+    fill(conv, 30)
+    conv.append_user("marker900u a question")
+    conv.commit("far over the threshold", usage={"prompt_tokens": WINDOW})
+    # queued behind the turn's post-delivery compaction, so that one has run too
+    assert conv.preflight() is None
+    assert memory.compact(conv).reason == "disabled"
+    assert model_server.requests == []
+    assert conv.history()[0].kind == "chat"
 
-    with Memory(home, config=config_for(model_server, enabled=False)) as memory:
-        conv = memory.conversation("agent", "cli", "1", owner_id="alice")
-        fill(conv, 30)
-        conv.append_user("marker900u a question")
-        conv.commit("far over the threshold", usage={"prompt_tokens": WINDOW})
-        # queued behind the turn's post-delivery compaction, so that one has run too
-        assert conv.preflight() is None
-        assert memory.compact(conv).reason == "disabled"
-        assert model_server.requests == []
-        assert conv.history()[0].kind == "chat"
-
-        model_server.reply("A summary on request.")
-        reply = conv.handle_command("/compact")
-        assert reply is not None and reply.startswith("Compacted ")
-        assert len(model_server.requests) == 1
-        assert conv.history()[0].content == "A summary on request."
+    model_server.reply("A summary on request.")
+    reply = conv.handle_command("/compact")
+    assert reply is not None and reply.startswith("Compacted ")
+    assert len(model_server.requests) == 1
+    assert conv.history()[0].content == "A summary on request."

@@ -32,14 +32,13 @@ from typing import Any
 
 import apsw
 import pytest
+from factories import Clock, StartMemory, config_for, fact, reading, stored_messages
 from faults import FaultVFS
 from model_server import ModelServer, Step
 
 from fermix import model
 from fermix.api import Conversation, Memory
 from fermix.clock import now_ms
-from fermix.config import Config, MemoryConfig, ModelConfig
-from fermix.core import categories
 from fermix.core.review import CLAIM_TTL_MS, Skip
 from fermix.errors import (
     ActorUnavailableError,
@@ -159,16 +158,6 @@ def disk_fault(request: pytest.FixtureRequest, home: Path) -> Iterator[Fault]:
     injected.close()
 
 
-class Clock:
-    """Epoch milliseconds, which a test moves forward: the ``clock`` a Memory is given."""
-
-    def __init__(self) -> None:
-        self.ahead_ms = 0
-
-    def __call__(self) -> int:
-        return now_ms() + self.ahead_ms
-
-
 class HookedModelServer(ModelServer):
     """The loopback model server, calling :attr:`on_request` once when a request arrives.
 
@@ -196,14 +185,6 @@ def model_server() -> Iterator[HookedModelServer]:
         server.stop()
 
 
-def config_for(server: ModelServer) -> Config:
-    """The loopback model route; background review off, so only explicit reviews run."""
-    return Config(
-        memory=MemoryConfig(review_interval_hours=0),
-        model=ModelConfig(primary=MODEL, api_base=server.url, timeout_s=10),
-    )
-
-
 def ops(*operations: dict[str, Any]) -> dict[str, Any]:
     return {"operations": list(operations)}
 
@@ -212,32 +193,9 @@ def add(category: str, key: str, value: str) -> dict[str, Any]:
     return {"op": "add", "category": category, "key": key, "value": value}
 
 
-def fact(
-    value: str,
-    *,
-    owner_id: str = "ana",
-    category: str = "identity",
-    key: str = "city",
-) -> Callable[[Writes], list[MemoryRow]]:
-    """A write unit storing one of ``owner_id``'s facts where the reviewer would (SC2)."""
-    scope, row_owner = categories.reviewer_scope(
-        category, agent_id="agent", owner_id=owner_id, trust="guest" if owner_id else "operator"
-    )
-
-    def unit(writes: Writes) -> list[MemoryRow]:
-        return [
-            writes.upsert_row(
-                agent_id="agent",
-                owner_id=row_owner,
-                scope=scope,
-                category=category,
-                key=key,
-                value=value,
-                promote_target=model.TARGET_OF[category],
-            )
-        ]
-
-    return unit
+def city(value: str, *, owner_id: str = "ana") -> Callable[[Writes], list[MemoryRow]]:
+    """A write unit storing ``owner_id``'s city where the reviewer would (USER.md)."""
+    return fact("identity", "city", value, owner_id=owner_id)
 
 
 # -- checking that the database, the windows and the files agree --------------------------
@@ -284,21 +242,12 @@ def assert_consistent(home: Path, *convs: Conversation) -> None:
 
 
 def stored_contents(home: Path, conv: Conversation) -> list[str]:
-    db = Database(home / "memory.db")
-    try:
-        with db.read() as reads:
-            return [m.content for m in reads.messages(conv.key)]
-    finally:
-        db.close()
+    return [m.content for m in stored_messages(home, conv.key)]
 
 
 def state_of(home: Path, conv: Conversation) -> model.ConversationState:
-    db = Database(home / "memory.db")
-    try:
-        with db.read() as reads:
-            state = reads.conversation(conv.key)
-    finally:
-        db.close()
+    with reading(home) as reads:
+        state = reads.conversation(conv.key)
     assert state is not None
     return state
 
@@ -363,7 +312,7 @@ def test_t1_h3_memory_writes_absorb_two_faults_and_report_a_persistent_one_typed
             refused = json.loads(memory.tools.run(_store_call("flight", "Monday"), conv))
             with pytest.raises(WriteFailedError):
                 memory._runtime.writer.write_rows(
-                    fact("Runs a marathon in May", category="goal", key="marathon"),
+                    fact("goal", "marathon", "Runs a marathon in May", owner_id="ana"),
                     label="marathon",
                 )
         finally:
@@ -393,13 +342,15 @@ def test_h3_a_units_own_database_error_reaches_its_caller_typed(memory: Memory) 
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    """Epoch milliseconds, which a test moves forward: the ``clock`` a Memory is given."""
+    return Clock(now_ms())
 
 
 @pytest.fixture
-def reviewing(home: Path, model_server: HookedModelServer, clock: Clock) -> Iterator[Memory]:
-    with Memory(home, config=config_for(model_server), vfs=VFS, clock=clock) as memory:
-        yield memory
+def reviewing(start_memory: StartMemory, model_server: HookedModelServer, clock: Clock) -> Memory:
+    """A Memory on the faulty VFS whose reviewer calls the loopback model (background review
+    off, so only explicit reviews run) and reads ``clock``."""
+    return start_memory(config_for(model_server, primary=MODEL), vfs=VFS, clock=clock)
 
 
 def test_e6_two_faults_on_a_reviews_apply_are_absorbed(
@@ -448,7 +399,7 @@ def test_e6_h3_a_persistent_fault_on_a_reviews_apply_fails_the_review_typed_and_
     if state.review_claim_token is not None:
         assert state.review_claim_expires_at is not None
         assert state.review_claim_expires_at <= clock() + CLAIM_TTL_MS
-        clock.ahead_ms = CLAIM_TTL_MS + 1
+        clock.advance(CLAIM_TTL_MS + 1)
     model_server.reply_json(ops(add("preference", "drink", "Drinks green tea")))
     again = reviewing.review(conv)
     assert again.status == "applied", again
@@ -465,7 +416,7 @@ def test_p2_two_faults_on_a_rebuilds_revision_are_absorbed_and_file_and_revision
     db = Database(home / "memory.db", vfs=VFS)
     try:
         prompt = PromptFiles(Home(home), db)
-        db.write(fact("Lives in Porto"), label="seed")  # the files lag, as after a crash
+        db.write(city("Lives in Porto"), label="seed")  # the files lag, as after a crash
         fault.arm(2)
         result = prompt.rebuild("agent", "ana")
         fault.assert_absorbed()
@@ -486,9 +437,9 @@ def test_p2_h3_a_persistent_fault_on_a_rebuild_is_typed_and_leaves_no_file_behin
     db = Database(home / "memory.db", vfs=VFS)
     try:
         prompt = PromptFiles(Home(home), db)
-        db.write(fact("Lives in Porto"), label="seed")
+        db.write(city("Lives in Porto"), label="seed")
         prompt.rebuild("agent", "ana")
-        db.write(fact("Lives in Lisbon"), label="seed")
+        db.write(city("Lives in Lisbon"), label="seed")
         fault.arm(None)
         try:
             with pytest.raises(WriteFailedError):
@@ -515,7 +466,7 @@ def test_e6_p2_two_faults_on_only_the_rebuild_after_a_memory_write_are_absorbed(
     try:
         writer = Writer(rows_db, PromptFiles(Home(home), files_db))
         disk_fault.arm(2)
-        written = writer.write_rows(fact("Lives in Porto"), label="seed", also=[("agent", "ana")])
+        written = writer.write_rows(city("Lives in Porto"), label="seed", also=[("agent", "ana")])
         disk_fault.assert_absorbed()
         assert written.error is None and written.files_changed
         assert not writer.has_stale_files
@@ -536,7 +487,7 @@ def test_e6_p2_s1_a_persistent_fault_on_only_the_rebuild_keeps_the_rows_and_a_re
         disk_fault.arm(None)
         try:
             written = writer.write_rows(
-                fact("Lives in Porto"), label="seed", also=[("agent", "ana")]
+                city("Lives in Porto"), label="seed", also=[("agent", "ana")]
             )
         finally:
             disk_fault.clear()
@@ -567,7 +518,7 @@ def test_p2_s1_a_file_that_cannot_be_replaced_fails_the_rebuild_and_a_later_repa
     db = Database(home / "memory.db")
     try:
         writer = Writer(db, PromptFiles(Home(home), db))
-        written = writer.write_rows(fact("Lives in Porto"), label="seed")
+        written = writer.write_rows(city("Lives in Porto"), label="seed")
         assert written.error is not None and "prompt files" in written.error
         assert writer.has_stale_files
         revision = current_user_md(db)
@@ -614,7 +565,7 @@ def test_c5_s1_prompt_files_left_behind_their_rows_are_repaired_when_the_reviewe
     """As after a crash between a review's commit and its rebuild."""
     db = Database(home / "memory.db")
     try:
-        db.write(fact("Lives in Porto"), label="seed")  # rows only: the files lag
+        db.write(city("Lives in Porto"), label="seed")  # rows only: the files lag
         assert PromptFiles(Home(home), db).stale() == [("agent", "ana")]
     finally:
         db.close()
@@ -663,7 +614,7 @@ def test_p2_a_rollback_is_kept_by_the_repair_at_start(home: Path) -> None:
         prompt = PromptFiles(Home(home), db)
         writer = Writer(db, prompt)
         for value in ("Lives in Porto", "Lives in Lisbon"):
-            assert writer.write_rows(fact(value, owner_id=""), label="seed").error is None
+            assert writer.write_rows(city(value, owner_id=""), label="seed").error is None
         prompt.rollback("agent", "user_md", 1)
     finally:
         db.close()

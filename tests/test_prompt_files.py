@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from factories import fact
 
 from fermix import model
 from fermix.core import categories
@@ -32,48 +33,25 @@ WAIT_S = 30
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Home:
-    return Home(tmp_path / "home")
-
-
-@pytest.fixture
-def db(home: Home) -> Iterator[Database]:
-    database = Database(home.db_path)
+def db(fermix_home: Home) -> Iterator[Database]:
+    database = Database(fermix_home.db_path)
     yield database
     database.close()
 
 
 @pytest.fixture
-def files(home: Home, db: Database) -> PromptFiles:
-    return PromptFiles(home, db)
+def files(fermix_home: Home, db: Database) -> PromptFiles:
+    return PromptFiles(fermix_home, db)
 
 
 def remember(
-    db: Database,
-    category: str,
-    key: str,
-    value: str,
-    *,
-    agent_id: str = "bot",
-    owner_id: str = "",
-    trust: str = "operator",
+    db: Database, category: str, key: str, value: str, *, agent_id: str = "bot", owner_id: str = ""
 ) -> MemoryRow:
     """Store a fact where the reviewer would (SC2); the prompt files are not touched."""
-    scope, row_owner = categories.reviewer_scope(
-        category, agent_id=agent_id, owner_id=owner_id, trust=trust
+    (row,) = db.write(
+        fact(category, key, value, agent_id=agent_id, owner_id=owner_id), label="seed"
     )
-    return db.write(
-        lambda w: w.upsert_row(
-            agent_id=agent_id,
-            owner_id=row_owner,
-            scope=scope,
-            category=category,
-            key=key,
-            value=value,
-            promote_target=model.TARGET_OF[category],
-        ),
-        label="seed",
-    )
+    return row
 
 
 def revisions(db: Database, name: str, owner_id: str = "") -> list[str]:
@@ -97,76 +75,76 @@ def on_disk(home: Home, agent_id: str = "bot", owner_id: str = "") -> tuple[str,
 
 
 def test_c5_rebuild_writes_user_md_and_memory_md_in_the_agents_directory(
-    db: Database, files: PromptFiles, home: Home
+    db: Database, files: PromptFiles, fermix_home: Home
 ) -> None:
     remember(db, "identity", "job", "Works as a nurse")
     remember(db, "directive", "lang", "Answer in French")
     result = files.rebuild("bot")
-    folder = home.root / "memory" / "bot"
+    folder = fermix_home.root / "memory" / "bot"
     assert (
         result.user_md.path == folder / "USER.md" and result.memory_md.path == folder / "MEMORY.md"
     )
     assert "- Works as a nurse" in (folder / "USER.md").read_text(encoding="utf-8")
     assert "## Working Rules\n- Answer in French" in (folder / "MEMORY.md").read_text("utf-8")
-    assert on_disk(home, "bot") == (result.user_md.content, result.memory_md.content)
+    assert on_disk(fermix_home, "bot") == (result.user_md.content, result.memory_md.content)
     assert files.texts("bot") == (result.user_md.content, result.memory_md.content)
     assert [f.name for f in folder.iterdir() if f.name.endswith(".tmp")] == []
 
 
 def test_c5_each_owner_has_own_files_and_never_sees_another_owners_facts(
-    db: Database, files: PromptFiles, home: Home
+    db: Database, files: PromptFiles, fermix_home: Home
 ) -> None:
-    remember(db, "identity", "name", "Alice is a nurse", owner_id="alice", trust="guest")
-    remember(db, "identity", "name", "Bob is a pilot", owner_id="bob", trust="guest")
-    remember(db, "context", "proj", "Alice plans a trip", owner_id="alice", trust="guest")
-    remember(db, "context", "shared", "The team ships on Fridays", owner_id="op")
+    remember(db, "identity", "name", "Alice is a nurse", owner_id="alice")
+    remember(db, "identity", "name", "Bob is a pilot", owner_id="bob")
+    remember(db, "context", "proj", "Alice plans a trip", owner_id="alice")
+    remember(db, "context", "shared", "The team ships on Fridays")
     results = files.rebuild_agent("bot")
     assert sorted(r.owner_id for r in results) == ["", "alice", "bob"]
-    alice_user, alice_memory = on_disk(home, "bot", "alice")
-    bob_user, bob_memory = on_disk(home, "bot", "bob")
+    alice_user, alice_memory = on_disk(fermix_home, "bot", "alice")
+    bob_user, bob_memory = on_disk(fermix_home, "bot", "bob")
     assert "Alice is a nurse" in alice_user and "Bob" not in alice_user
     assert "Bob is a pilot" in bob_user and "Alice" not in bob_user + bob_memory
     assert "Alice plans a trip" in alice_memory
     assert "ships on Fridays" in alice_memory and "ships on Fridays" in bob_memory
-    assert prompt_dir(home, "bot", "alice") == home.root / "memory/bot/owners/alice"
+    assert prompt_dir(fermix_home, "bot", "alice") == fermix_home.root / "memory/bot/owners/alice"
 
 
 @pytest.mark.parametrize("bad", UNSAFE_IDS, ids=repr)
 def test_c5_an_unsafe_agent_id_is_refused_before_anything_is_touched(
-    db: Database, files: PromptFiles, home: Home, bad: str
+    db: Database, files: PromptFiles, fermix_home: Home, bad: str
 ) -> None:
     for call in (
         lambda: files.rebuild(bad),
         lambda: files.rollback(bad, "user_md", 1),
         lambda: files.texts(bad),
         lambda: files.rebuild_agent(bad),
-        lambda: FileCache().texts(home, bad),
+        lambda: FileCache().texts(fermix_home, bad),
     ):
         with pytest.raises(UnsafePathSegmentError):
             call()
-    assert not (home.root / "memory").exists()
+    assert not (fermix_home.root / "memory").exists()
     assert no_resources(db)
 
 
 @pytest.mark.parametrize("bad", ["\x00", "a\x00b", "x" * 500, "tab\there"], ids=repr)
 def test_c5_an_owner_id_that_is_no_identifier_is_refused_before_anything_is_touched(
-    db: Database, files: PromptFiles, home: Home, bad: str
+    db: Database, files: PromptFiles, fermix_home: Home, bad: str
 ) -> None:
     with pytest.raises(InvalidInputError):
         files.rebuild("bot", bad)
     with pytest.raises(InvalidInputError):
         files.rollback("bot", "user_md", 1, owner_id=bad)
-    assert not (home.root / "memory").exists()
+    assert not (fermix_home.root / "memory").exists()
     assert no_resources(db)
 
 
 @pytest.mark.parametrize("owner", ["..", ".", "a/b", "a\\b", "-rf", " bot", "telegram:42", "_x"])
 def test_c5_any_other_owner_id_gets_its_own_directory_inside_owners(
-    db: Database, files: PromptFiles, home: Home, owner: str
+    db: Database, files: PromptFiles, fermix_home: Home, owner: str
 ) -> None:
-    remember(db, "goal", "g", "Run a marathon", owner_id=owner, trust="guest")
+    remember(db, "goal", "g", "Run a marathon", owner_id=owner)
     result = files.rebuild("bot", owner)
-    owners = (home.root / "memory" / "bot" / "owners").resolve()
+    owners = (fermix_home.root / "memory" / "bot" / "owners").resolve()
     path = result.user_md.path.resolve()
     assert path.parent.parent == owners
     assert path.parent.name.startswith("_") and len(path.parent.name) == 33
@@ -176,8 +154,8 @@ def test_c5_any_other_owner_id_gets_its_own_directory_inside_owners(
 def test_c5_rebuild_all_covers_owners_whose_ids_are_not_path_segments(
     db: Database, files: PromptFiles
 ) -> None:
-    remember(db, "goal", "g", "Run a marathon", owner_id="telegram:42", trust="guest")
-    remember(db, "goal", "g", "Learn Go", owner_id="carol", trust="guest")
+    remember(db, "goal", "g", "Run a marathon", owner_id="telegram:42")
+    remember(db, "goal", "g", "Learn Go", owner_id="carol")
     results = files.rebuild_agent("bot")
     assert [r.owner_id for r in results] == ["", "carol", "telegram:42"]
 
@@ -197,12 +175,12 @@ def test_p2_rebuilding_unchanged_rows_changes_neither_the_files_nor_the_revision
 
 
 def test_p2_no_rows_means_no_file_and_no_revision(
-    db: Database, files: PromptFiles, home: Home
+    db: Database, files: PromptFiles, fermix_home: Home
 ) -> None:
     result = files.rebuild("bot")
     assert not result.changed
     assert not result.user_md.path.exists() and no_resources(db)
-    assert on_disk(home, "bot") == ("", "")
+    assert on_disk(fermix_home, "bot") == ("", "")
 
 
 def test_p2_a_changed_row_records_a_new_revision_of_only_its_file(
@@ -269,13 +247,13 @@ def test_c5_a_hand_edited_file_is_rewritten_without_a_new_revision(
 def test_c5_after_a_shared_row_changes_every_owners_memory_md_is_rebuilt(
     db: Database, files: PromptFiles
 ) -> None:
-    remember(db, "identity", "n", "Erin", owner_id="erin", trust="guest")
-    remember(db, "identity", "n", "Finn", owner_id="finn", trust="guest")
+    remember(db, "identity", "n", "Erin", owner_id="erin")
+    remember(db, "identity", "n", "Finn", owner_id="finn")
     files.rebuild_agent("bot")
     shared = remember(db, "directive", "tone", "Keep answers short")
     results = files.rebuild_for_rows([shared])
     assert sorted(r.owner_id for r in results if r.memory_md.written) == ["", "erin", "finn"]
-    private = remember(db, "identity", "n", "Erin Smith", owner_id="erin", trust="guest")
+    private = remember(db, "identity", "n", "Erin Smith", owner_id="erin")
     results = files.rebuild_for_rows([private])
     assert [(r.owner_id, r.user_md.written) for r in results] == [("erin", True)]
 
@@ -325,14 +303,14 @@ def test_c5_a_reader_polling_during_many_atomic_writes_never_sees_a_partial_file
 
 
 def test_c5_a_reader_polling_during_many_rebuilds_never_sees_a_partial_file(
-    db: Database, files: PromptFiles, home: Home
+    db: Database, files: PromptFiles, fermix_home: Home
 ) -> None:
     values = ["Lives in Porto " * 10, "Lives in Lisbon"]
     contents = set()
     for value in values:
         remember(db, "identity", "home", value)
         contents.add(files.rebuild("bot").user_md.content.encode())
-    path = file_path(home, "bot", "user_md")
+    path = file_path(fermix_home, "bot", "user_md")
     partial: list[bytes] = []
     started, stop = threading.Event(), threading.Event()
     reader = threading.Thread(
@@ -353,12 +331,12 @@ def test_c5_a_reader_polling_during_many_rebuilds_never_sees_a_partial_file(
 
 
 def test_c5_a_row_written_while_a_rebuild_renders_is_in_the_files_it_leaves(
-    db: Database, files: PromptFiles, home: Home, monkeypatch: pytest.MonkeyPatch
+    db: Database, files: PromptFiles, fermix_home: Home, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another process writes a row after the rebuild rendered, before it records: the
     revision and the file are rendered again under the write lock."""
     remember(db, "interest", "a", "Likes chess")
-    other = Database(home.db_path)
+    other = Database(fermix_home.db_path)
     real_render = prompt_files.render_pair
     calls: list[int] = []
 
@@ -382,15 +360,15 @@ def test_c5_a_row_written_while_a_rebuild_renders_is_in_the_files_it_leaves(
 
 
 def test_c5_concurrent_writers_and_rebuilders_leave_files_that_match_the_final_rows(
-    home: Home, db: Database, files: PromptFiles
+    fermix_home: Home, db: Database, files: PromptFiles
 ) -> None:
     """Each thread opens its own database and prompt files, as another process would."""
     errors: list[Exception] = []
 
     def writer() -> None:
-        own = Database(home.db_path)
+        own = Database(fermix_home.db_path)
         try:
-            own_files = PromptFiles(home, own)
+            own_files = PromptFiles(fermix_home, own)
             for i in range(40):
                 remember(own, "goal", "g", f"Goal number {i}")
                 own_files.rebuild("bot")
@@ -398,9 +376,9 @@ def test_c5_concurrent_writers_and_rebuilders_leave_files_that_match_the_final_r
             own.close()
 
     def rebuilder(done: threading.Event) -> None:
-        own = Database(home.db_path)
+        own = Database(fermix_home.db_path)
         try:
-            own_files = PromptFiles(home, own)
+            own_files = PromptFiles(fermix_home, own)
             while not done.is_set():
                 own_files.rebuild("bot")
         except (FermixError, OSError) as exc:  # handed to the test thread
@@ -421,7 +399,7 @@ def test_c5_concurrent_writers_and_rebuilders_leave_files_that_match_the_final_r
     assert errors == []
     final = current(db, "user_md")
     assert final is not None and "Goal number 39" in final.content
-    assert on_disk(home, "bot")[0] == final.content
+    assert on_disk(fermix_home, "bot")[0] == final.content
     assert not files.rebuild("bot").changed
 
 
@@ -437,7 +415,7 @@ def _assert_file_is_newest_revision(db: Database, home: Home, owner_id: str = ""
 
 @pytest.mark.parametrize("shared", [True, False], ids=["one-prompt-files", "two-processes"])
 def test_c5_p2_two_threads_rebuilding_one_pair_never_leave_the_file_older_than_its_newest_revision(
-    db: Database, files: PromptFiles, home: Home, shared: bool
+    db: Database, files: PromptFiles, fermix_home: Home, shared: bool
 ) -> None:
     """Two threads change the row and rebuild the same pair, round after round, together.
 
@@ -451,15 +429,15 @@ def test_c5_p2_two_threads_rebuilding_one_pair_never_leave_the_file_older_than_i
 
     def check() -> None:
         try:
-            _assert_file_is_newest_revision(db, home)
+            _assert_file_is_newest_revision(db, fermix_home)
         except BaseException as exc:  # noqa: BLE001 - reported by the test thread
             failures.append(exc)
 
     start, end = threading.Barrier(2, timeout=WAIT_S), threading.Barrier(2, action=check)
 
     def run(name: str) -> None:
-        own_db = db if shared else Database(home.db_path)
-        own = files if shared else PromptFiles(home, own_db)
+        own_db = db if shared else Database(fermix_home.db_path)
+        own = files if shared else PromptFiles(fermix_home, own_db)
         try:
             for i in range(rounds):
                 start.wait()
@@ -487,7 +465,7 @@ def test_c5_p2_two_threads_rebuilding_one_pair_never_leave_the_file_older_than_i
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs a named pipe (POSIX)")
 def test_m6_a_rebuild_writes_its_files_without_holding_the_database_write_lock(
-    db: Database, files: PromptFiles, home: Home
+    db: Database, files: PromptFiles, fermix_home: Home
 ) -> None:
     """The rebuild's revision commits first; its file write then runs outside the write lock.
 
@@ -497,7 +475,7 @@ def test_m6_a_rebuild_writes_its_files_without_holding_the_database_write_lock(
     at once. Nothing sleeps: each step waits on the previous one.
     """
     remember(db, "identity", "city", "Lives in Porto")
-    path = file_path(home, "bot", "user_md")
+    path = file_path(fermix_home, "bot", "user_md")
     path.parent.mkdir(parents=True)
     os.mkfifo(path)
     writer = Writer(db, files)
@@ -538,7 +516,7 @@ def test_m6_a_rebuild_writes_its_files_without_holding_the_database_write_lock(
         assert appended.wait(WAIT_S), "an append waited for the rebuild's file write"
         appender.join(WAIT_S)
 
-        other = raw_connect(home.db_path)
+        other = raw_connect(fermix_home.db_path)
         try:
             other.set_busy_timeout(0)
             other.execute("BEGIN IMMEDIATE")  # raises BusyError if the lock were held
@@ -560,7 +538,7 @@ def test_m6_a_rebuild_writes_its_files_without_holding_the_database_write_lock(
     assert path.read_text("utf-8") == result.user_md.content
     with db.read() as reads:
         assert [m.content for m in reads.messages(key)] == ["while the file is written"]
-    _assert_file_is_newest_revision(db, home)
+    _assert_file_is_newest_revision(db, fermix_home)
 
 
 def test_c4_rows_that_show_nothing_never_crowd_a_section_out_of_its_newest_facts(
@@ -587,10 +565,10 @@ def test_c4_rows_that_show_nothing_never_crowd_a_section_out_of_its_newest_facts
     assert "tool fact" not in memory_md
 
 
-def test_c5_a_new_owner_sees_the_agents_shared_rows_on_the_first_compose(home: Home) -> None:
+def test_c5_a_new_owner_sees_the_agents_shared_rows_on_the_first_compose(fermix_home: Home) -> None:
     from fermix.api import Memory
 
-    with Memory(home) as memory:
+    with Memory(fermix_home) as memory:
         memory._runtime.writer.write_rows(
             lambda w: [
                 w.upsert_row(
@@ -605,6 +583,6 @@ def test_c5_a_new_owner_sees_the_agents_shared_rows_on_the_first_compose(home: H
             ],
             label="seed",
         )
-        newcomer = memory.conversation("bot", "cli", "9", owner_id="newcomer", trust="guest")
+        newcomer = memory.conversation("bot", "cli", "9", owner_id="newcomer")
         system = "\n".join(m["content"] for m in newcomer.compose("sys") if m["role"] == "system")
         assert "Answers in a friendly tone" in system

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from model_server import ModelServer
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -20,14 +21,15 @@ def _host_loop() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow  # a fresh python running the README's code imports litellm
 def test_h1_the_readme_host_loop_runs_with_a_tool_call(
-    model_server: ModelServer, tmp_path: Path
+    model_server: ModelServer, home: Path
 ) -> None:
     model_server.reply_tool_call("memory_store", {"key": "job", "value": "nurse in Porto"})
     model_server.reply("Nice to meet you, Ana!")
     env = {
         "PATH": "/usr/bin:/bin",
-        "FERMIX_HOME": str(tmp_path / "home"),
+        "FERMIX_HOME": str(home),
         "OPENAI_API_KEY": "sk-test",
         "OPENAI_BASE_URL": model_server.url,
         "OPENAI_API_BASE": model_server.url,
@@ -40,4 +42,4 @@ def test_h1_the_readme_host_loop_runs_with_a_tool_call(
     assert "Nice to meet you, Ana!" in run.stdout
     roles = [m["role"] for m in model_server.requests[1]["messages"]]
     assert roles[-3:] == ["user", "assistant", "tool"]
-    assert (tmp_path / "home" / "memory.db").exists()
+    assert (home / "memory.db").exists()

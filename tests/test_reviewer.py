@@ -8,12 +8,13 @@ test, and everything between them and the database is the real path. Hostile ans
 checked against a snapshot of every memories row, every memory source, every prompt-file
 revision and every file under ``memory/``: a refused or rejected answer changes none of
 them. The dispatch after a turn and the sweep are tested through ``Memory``; the command
-line as a real process.
+line through :func:`fermix.cli.main` in this process, and as real processes (marked slow)
+where the process is the point: ``--now`` from a fresh process, and two at once.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import logging
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import Clock, StartMemory, config_for, fact, reading
 from model_server import ModelServer
 
 from fermix import model
@@ -32,7 +34,7 @@ from fermix.actors.reviewer import Review, Reviewer
 from fermix.api import Memory
 from fermix.cli import EXIT_USAGE, main
 from fermix.clock import now_ms
-from fermix.config import Config, MemoryConfig, ModelConfig
+from fermix.config import Config, MemoryConfig
 from fermix.core import categories
 from fermix.core.review import CLAIM_TTL_MS, ReviewResult, Skip
 from fermix.core.review_answer import MAX_OPERATIONS, NOTHING_TO_SAVE
@@ -50,7 +52,7 @@ from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads, Writes, open_database
+from fermix.storage import Database, open_database
 from fermix.storage.connection import fetch_rows
 
 MODEL = "openai/reviewer"
@@ -59,32 +61,9 @@ BACKOFF_MS = MemoryConfig().review_failure_backoff_ms
 CLI_TIMEOUT_S = 240  # a fresh process imports litellm (tens of seconds on a busy machine)
 
 
-class Clock:
-    """The reviewer's injected clock, in milliseconds; tests move it instead of waiting."""
-
-    def __init__(self) -> None:
-        self.now = now_ms()
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms
-
-
-def config_for(
-    server: ModelServer,
-    *,
-    primary: str = MODEL,
-    fallbacks: tuple[str, ...] = (),
-    timeout_s: float = 10.0,
-    memory: MemoryConfig | None = None,
-) -> Config:
-    """A config whose model route leads to the loopback server."""
-    model = ModelConfig(
-        primary=primary, fallbacks=fallbacks, api_base=server.url, timeout_s=timeout_s
-    )
-    return Config(memory=memory or MemoryConfig(), model=model)
+reviewer_config = functools.partial(config_for, primary=MODEL, memory=MemoryConfig())
+"""``config_for`` the loopback server with the reviewer's defaults (background review on),
+its model ``MODEL``; keywords given replace those."""
 
 
 class Chat:
@@ -133,7 +112,8 @@ class Rig:
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    """The reviewer's clock in epoch milliseconds; tests move it instead of waiting."""
+    return Clock(now_ms())
 
 
 @pytest.fixture
@@ -142,7 +122,7 @@ def make_rig(home: Path, model_server: ModelServer, clock: Clock) -> Iterator[Ca
     rigs: list[Rig] = []
 
     def make(config: Config | None = None) -> Rig:
-        rigs.append(Rig(home, config or config_for(model_server), clock))
+        rigs.append(Rig(home, config or reviewer_config(model_server), clock))
         return rigs[-1]
 
     yield make
@@ -164,16 +144,6 @@ def add(category: str, key: str, value: str) -> dict[str, Any]:
 
 
 # -- reading the database and the files back ---------------------------------------------
-
-
-@contextlib.contextmanager
-def reading(home: Path) -> Iterator[Reads]:
-    """Reads on a connection of the test's own, as another process would read."""
-    conn = open_database(home / "memory.db")
-    try:
-        yield Reads(conn)
-    finally:
-        conn.close()
 
 
 def all_rows(home: Path) -> list[MemoryRow]:
@@ -216,33 +186,11 @@ def prompt_text(home: Path, name: str, *, agent_id: str = "agent", owner_id: str
 
 
 def seed(
-    rig: Rig,
-    category: str,
-    key: str,
-    value: str,
-    *,
-    owner_id: str,
-    agent_id: str = "agent",
-    shared: bool = False,
+    rig: Rig, category: str, key: str, value: str, *, owner_id: str, agent_id: str = "agent"
 ) -> MemoryRow:
-    """Store a row where the reviewer would (SC2), its prompt files rebuilt."""
-    if model.TARGET_OF[category] == model.USER_MD:
-        scope, row_owner = categories.owner_scope(owner_id), owner_id
-    else:
-        scope, row_owner = categories.agent_scope(agent_id), "" if shared else owner_id
-
-    def unit(writes: Writes) -> list[MemoryRow]:
-        row = writes.upsert_row(
-            agent_id=agent_id,
-            owner_id=row_owner,
-            scope=scope,
-            category=category,
-            key=key,
-            value=value,
-            promote_target=model.TARGET_OF[category],
-        )
-        return [row]
-
+    """Store a row where the reviewer would (SC2; ``owner_id`` ``""``: shared), its prompt
+    files rebuilt."""
+    unit = fact(category, key, value, agent_id=agent_id, owner_id=owner_id)
     (row,) = rig.writer.write_rows(unit, label="seed", reason="seed").rows
     return row
 
@@ -438,7 +386,7 @@ def test_e3_the_model_sees_new_user_messages_only_and_the_rows_this_review_may_t
     rig: Rig, model_server: ModelServer, home: Path
 ) -> None:
     mine = seed(rig, "identity", "name", "Alice", owner_id="alice")
-    shared = seed(rig, "context", "team", "The team ships on Fridays", owner_id="", shared=True)
+    shared = seed(rig, "context", "team", "The team ships on Fridays", owner_id="")
     seed(rig, "identity", "name", "Bob", owner_id="bob")
     seed(rig, "context", "bob_project", "Bob's secret project", owner_id="bob")
     seed(rig, "identity", "name", "Alice elsewhere", owner_id="alice", agent_id="other")
@@ -459,7 +407,7 @@ def test_e3_the_model_sees_new_user_messages_only_and_the_rows_this_review_may_t
 def test_e3_a_review_reads_at_most_review_max_messages_the_newest(
     make_rig: Callable[..., Rig], model_server: ModelServer, home: Path
 ) -> None:
-    rig = make_rig(config_for(model_server, memory=MemoryConfig(review_max_messages=3)))
+    rig = make_rig(reviewer_config(model_server, memory=MemoryConfig(review_max_messages=3)))
     conv = rig.conversation("1", owner_id="alice")
     said = [conv.append_user(f"message {i}") for i in range(6)]
     model_server.reply(NOTHING_TO_SAVE)
@@ -472,7 +420,7 @@ def test_e3_messages_larger_than_the_input_budget_are_marked_reviewed_without_a_
     make_rig: Callable[..., Rig], model_server: ModelServer, home: Path, clock: Clock
 ) -> None:
     budget = MemoryConfig(review_input_token_budget=20)
-    rig = make_rig(config_for(model_server, memory=budget))
+    rig = make_rig(reviewer_config(model_server, memory=budget))
     conv = rig.conversation("1", owner_id="alice")
     conv.append_user("far too long to show " * 20)
     said = conv.append_user("also " * 40)
@@ -497,9 +445,7 @@ class World:
         self.city = seed(rig, "identity", "city", "Lives in Porto", owner_id="alice")
         self.project = seed(rig, "context", "project", "Builds a chess app", owner_id="alice")
         self.her_rule = seed(rig, "directive", "tone", "Answers formally", owner_id="alice")
-        self.shared_rule = seed(
-            rig, "directive", "language", "Answers in English", owner_id="", shared=True
-        )
+        self.shared_rule = seed(rig, "directive", "language", "Answers in English", owner_id="")
         self.bob = seed(rig, "identity", "name", "Bob", owner_id="bob")
         self.bob_goal = seed(rig, "goal", "marathon", "Runs a marathon", owner_id="bob")
         self.elsewhere = seed(
@@ -730,7 +676,7 @@ def test_e4_when_the_primary_answers_500_the_fallback_s_answer_is_applied(
     home: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = config_for(model_server, primary="openai/primary", fallbacks=("openai/backup",))
+    config = reviewer_config(model_server, primary="openai/primary", fallbacks=("openai/backup",))
     model_server.fail(500, for_model="primary")
     model_server.reply_json(ops(add("identity", "name", "Ana")), for_model="backup")
     rig = make_rig(config)
@@ -753,7 +699,7 @@ def test_e7_a_model_that_never_answers_hits_the_timeout_and_records_the_backoff(
     make_rig: Callable[..., Rig], model_server: ModelServer, home: Path, clock: Clock
 ) -> None:
     model_server.hang()
-    rig = make_rig(config_for(model_server, timeout_s=1))
+    rig = make_rig(reviewer_config(model_server, timeout_s=1))
     conv = rig.conversation("1", owner_id="alice")
     conv.append_user("I'm Ana")
     before = snapshot(home)
@@ -863,7 +809,7 @@ def test_e2_a_review_whose_claim_was_taken_over_meanwhile_writes_nothing(
     # The primary holds its answer until released, then drops the connection; the fallback
     # answers. While the review waits, another reviewer takes the claim over (as after
     # CLAIM_TTL_MS): the review's apply must not land, nor its failure clear that claim.
-    config = config_for(model_server, primary="openai/slow", fallbacks=("openai/fast",))
+    config = reviewer_config(model_server, primary="openai/slow", fallbacks=("openai/fast",))
     rig = make_rig(config)
     release = threading.Event()
     model_server.hang(release, for_model="slow")
@@ -968,7 +914,7 @@ def test_e1_storage_trouble_in_a_review_is_a_failed_result_and_the_reviewer_goes
 def test_e2_interval_zero_disables_background_review_but_now_still_works(
     make_rig: Callable[..., Rig], model_server: ModelServer
 ) -> None:
-    rig = make_rig(config_for(model_server, memory=MemoryConfig(review_interval_hours=0)))
+    rig = make_rig(reviewer_config(model_server, memory=MemoryConfig(review_interval_hours=0)))
     conv = rig.conversation("1", owner_id="alice")
     conv.append_user("I'm Ana")
     assert rig.reviewing.due() == []  # the sweep finds nothing due
@@ -1007,10 +953,9 @@ def test_e1_the_sweep_finds_conversations_with_new_user_messages_past_their_inte
 
 
 @pytest.fixture
-def running(home: Path, model_server: ModelServer, clock: Clock) -> Iterator[Memory]:
+def running(start_memory: StartMemory, model_server: ModelServer, clock: Clock) -> Memory:
     """A running Memory whose reviewer calls the loopback model and reads ``clock``."""
-    with Memory(home, config=config_for(model_server), clock=clock) as memory:
-        yield memory
+    return start_memory(reviewer_config(model_server), clock=clock)
 
 
 def test_e1_commit_dispatches_a_background_review_of_the_turn(
@@ -1148,6 +1093,7 @@ def appended(home: Path, chats: dict[str, list[str]], owner_id: str = "alice") -
         rig.close()
 
 
+@pytest.mark.slow  # a real process, importing litellm
 def test_e10_memory_review_now_json_runs_as_a_real_process(
     home: Path, model_server: ModelServer
 ) -> None:
@@ -1189,6 +1135,7 @@ def test_e10_memory_review_filters_by_conversation_and_owner(
     assert len(model_server.requests) == 2
 
 
+@pytest.mark.slow  # two real processes, importing litellm
 def test_e2_two_processes_reviewing_one_conversation_at_once_run_one_review(
     home: Path, model_server: ModelServer
 ) -> None:

@@ -113,6 +113,7 @@ VOICE = "Store voice"
 WRITE = "config.toml?"
 
 
+@pytest.mark.slow  # the wizard's process tests the route: it imports litellm
 def test_e8_the_wizard_asks_a_bad_answer_again_tests_the_route_and_writes_the_file(
     home: Path, model_server: ModelServer, terminals: list[Terminal]
 ) -> None:
