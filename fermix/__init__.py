@@ -44,6 +44,9 @@ _HOMES = {
     "ConversationKey": "fermix.model",
     "Message": "fermix.model",
     "JobCaller": "fermix.model",
+    "JobRun": "fermix.model",
+    "MemoryRow": "fermix.model",
+    "ScheduledJob": "fermix.model",
 }
 
 
@@ -67,10 +70,13 @@ __all__ = [
     "Home",
     "InvalidInputError",
     "JobCaller",
+    "JobRun",
     "Memory",
+    "MemoryRow",
     "Message",
     "ModelError",
     "NotFoundError",
+    "ScheduledJob",
     "SchemaTooNewError",
     "StorageError",
     "WriteFailedError",

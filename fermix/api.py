@@ -15,8 +15,9 @@ reach the turn.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -28,7 +29,16 @@ from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
 from fermix.errors import InvalidInputError, SupervisorEscalationError
 from fermix.home import Home
-from fermix.model import ConversationKey, MemoryRow, Message, check_trust
+from fermix.model import (
+    ConversationKey,
+    JobCaller,
+    JobRun,
+    MemoryRow,
+    Message,
+    ScheduledJob,
+    check_trust,
+)
+from fermix.runtime import jobs
 from fermix.runtime.engine import Runtime
 from fermix.tools import MemoryTools
 
@@ -39,9 +49,17 @@ class Memory:
     """fermix for one home: the database, the supervised actor tree, the conversations.
 
     ``conversation_cap`` bounds the live conversation actors (threads); ``idle_s`` is how
-    long an unused conversation keeps its actor before it is passivated (A7). ``route``
-    gives the reviewer's and compactor's model route in code instead of the config's
-    ``[fermix_core.model]``; ``clock`` (epoch milliseconds) is the time their gates read.
+    long an unused conversation keeps its actor before it is passivated (A7).
+
+    ``model`` is the litellm model of fermix's own calls, the reviewer's and the compactor's
+    (``"openai/gpt-4o-mini"``; M8), with ``fallbacks`` tried in turn, ``api_base`` for an
+    OpenAI-compatible server and ``context_window`` (tokens) for a model litellm does not
+    know. Each composes with ``[fermix_core.model]`` in config.toml and is checked by the
+    same rule as that key (:func:`fermix.llm.configure`): ``model`` replaces the configured
+    primary and fallbacks, the others replace their key. Without a model here or in the
+    config, :meth:`start` logs one warning and reviews and compaction are off.
+    ``route`` (an :class:`~fermix.llm.Route`, for tests) replaces the whole route;
+    ``clock`` (epoch milliseconds) is the time their gates read.
     """
 
     def __init__(
@@ -52,11 +70,25 @@ class Memory:
         conversation_cap: int = 256,
         idle_s: float = 600.0,
         vfs: str | None = None,
+        model: str | None = None,
+        fallbacks: Sequence[str] | None = None,
+        api_base: str | None = None,
+        context_window: int | None = None,
         route: llm.Route | None = None,
         clock: Callable[[], int] = now_ms,
     ) -> None:
         self.home = home if isinstance(home, Home) else Home.resolve(home)
-        self.config = config if config is not None else load_config(self.home.config_path)
+        config = config if config is not None else load_config(self.home.config_path)
+        route_in_code = llm.configure(
+            config.model,
+            model=model,
+            fallbacks=fallbacks,
+            api_base=api_base,
+            context_window=context_window,
+            given_to="Memory",
+        )
+        self.config = dataclasses.replace(config, model=route_in_code)
+        """The configuration in effect: config.toml's, with the model route given here."""
         self._runtime = Runtime(
             self.home,
             self.config,
@@ -72,7 +104,12 @@ class Memory:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Self:
-        """Open the database (migrating it) and start the actor tree."""
+        """Open the database (migrating it) and start the actor tree.
+
+        With no model configured (neither ``Memory(model=...)`` nor ``[fermix_core.model]
+        primary``), logs one warning on the ``fermix`` logger saying so: reviews and
+        compaction are then skipped as ``no_model`` (M8).
+        """
         self._runtime.start()
         return self
 
@@ -144,6 +181,66 @@ class Memory:
         self._runtime.check_running()
         with self._runtime.db.read() as reads:
             return reads.rows(**filters)
+
+    # -- scheduled jobs and their runs (M9, SC1, T2) ------------------------------------
+
+    def create_job(
+        self, agent_id: str, name: str, *, schedule: str, prompt: str, owner_id: str = ""
+    ) -> ScheduledJob:
+        """Create a scheduled job of ``agent_id`` and, with it, its memory source.
+
+        ``schedule`` is the host's own text (fermix stores it; the host runs the job when
+        it is due); ``prompt`` is what a run asks its model. A second job of the same name
+        of the agent is an :class:`~fermix.errors.InvalidInputError`.
+        """
+        self._runtime.check_running()
+        return jobs.create_job(
+            self._runtime.writer,
+            agent_id=agent_id,
+            name=name,
+            schedule=schedule,
+            prompt=prompt,
+            owner_id=owner_id,
+        )
+
+    def get_job(self, job_id: int) -> ScheduledJob | None:
+        """The job ``job_id``, or None."""
+        self._runtime.check_running()
+        return jobs.get_job(self._runtime.db, job_id)
+
+    def list_jobs(self, *, agent_id: str | None = None) -> list[ScheduledJob]:
+        """Every job, or those of ``agent_id``, oldest first."""
+        self._runtime.check_running()
+        return jobs.list_jobs(self._runtime.db, agent_id=agent_id)
+
+    def start_run(self, job_id: int) -> JobRun:
+        """Record that a run of ``job_id`` starts now; returns it ``running``."""
+        self._runtime.check_running()
+        return jobs.start_run(self._runtime.writer, job_id)
+
+    def job_caller(self, run_id: int) -> JobCaller:
+        """The caller to pass to ``memory.tools.run(call, caller)`` during run ``run_id``.
+
+        It is bound to the job's memory source, agent and owner and to the run: the run's
+        tools see and write only the job's own memories, and no history (T2).
+        """
+        self._runtime.check_running()
+        return jobs.caller_for_run(self._runtime.db, run_id)
+
+    def finish_run(
+        self, run_id: int, *, status: str, output: str = "", error: str | None = None
+    ) -> JobRun:
+        """Record how run ``run_id`` ended, once: ``status="succeeded"`` with its ``output``,
+        or ``status="failed"`` with its ``error``. Its tools are refused from then on."""
+        self._runtime.check_running()
+        return jobs.finish_run(
+            self._runtime.writer, run_id, status=status, output=output, error=error
+        )
+
+    def list_runs(self, job_id: int, *, limit: int = 20) -> list[JobRun]:
+        """The newest ``limit`` runs of ``job_id``, newest first."""
+        self._runtime.check_running()
+        return jobs.list_runs(self._runtime.db, job_id, limit=limit)
 
     # -- realtime voice transcripts (V1) -------------------------------------------------
 

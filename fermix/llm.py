@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from fermix.config import ModelConfig
+from fermix.config import ROOT_TABLE, ModelConfig, validate_key
 from fermix.errors import ModelError
 
 logger = logging.getLogger("fermix.llm")
@@ -51,6 +51,16 @@ NO_MODEL_HINT = (
     "the key), or pass --model (and --api-base for an OpenAI-compatible server such as "
     "llama.cpp, vLLM or Ollama) on the command line."
 )
+
+NO_MODEL = "no_model"
+"""Why a review or a compaction was skipped when no model is configured anywhere (M8)."""
+
+NO_MODEL_OFF = (
+    "no model is configured, so fermix's reviews and compaction are off: pass one in code, "
+    '`Memory(model="openai/gpt-4o-mini")` (any litellm model name), or set `primary` under '
+    "`[fermix_core.model]` in config.toml"
+)
+"""What a host or an operator is told when no model is configured (M8)."""
 
 
 class ModelRouteError(ModelError):
@@ -85,6 +95,44 @@ LLM_BUFFERED = TimeoutPolicy(name="llm_buffered", timeout_s=ModelConfig().timeou
 """The policy of every buffered call: reviewer, compactor and chat (E7)."""
 
 
+def configure(
+    cfg: ModelConfig,
+    *,
+    model: str | None = None,
+    fallbacks: Sequence[str] | None = None,
+    api_base: str | None = None,
+    context_window: int | None = None,
+    given_to: str | None = None,
+) -> ModelConfig:
+    """``[fermix_core.model]`` with the route given in code or on the command line (M8).
+
+    Each value is checked by the rule of its config key (:func:`fermix.config.validate_key`);
+    ``given_to`` (``"Memory"``) names where it was passed in the error. ``model`` replaces the
+    whole chain, so the configured fallbacks are not sent to another model's server;
+    ``fallbacks`` replaces the fallbacks; ``api_base`` replaces the base URL, and then the
+    configured ``api_key_env`` is dropped (it belongs to the configured server);
+    ``context_window`` replaces the configured window. None keeps the configured value.
+    """
+    given = {
+        "model": model,
+        "fallbacks": fallbacks,
+        "api_base": api_base,
+        "context_window": context_window,
+    }
+    checked: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is None:
+            continue
+        key = "primary" if name == "model" else name
+        where = None if given_to is None else f"{given_to}({name}=...)"
+        checked[key] = validate_key(f"{ROOT_TABLE}.model.{key}", value, source=where)
+    if "primary" in checked:
+        checked.setdefault("fallbacks", ())
+    if checked.get("api_base", cfg.api_base) != cfg.api_base:
+        checked["api_key_env"] = None
+    return replace(cfg, **checked)
+
+
 @dataclass(frozen=True)
 class Route:
     """The models a call may use, primary first, and where and how to reach them."""
@@ -103,23 +151,15 @@ class Route:
         fallbacks: Sequence[str] | None = None,
         api_base: str | None = None,
     ) -> Route:
-        """The route of ``[fermix_core.model]``, with command-line overrides.
-
-        ``model`` (``--model``) replaces the whole chain, so the configured fallbacks are not
-        sent to another server; ``fallbacks`` (``--fallback``) replaces the fallbacks;
-        ``api_base`` (``--api-base``) replaces the base URL, and then the configured key is
-        not sent to it (``api_key_env`` belongs to the configured server). The policy is
+        """The route of ``[fermix_core.model]``, with command-line overrides (``--model``,
+        ``--fallback``, ``--api-base``) composed with it by :func:`configure`. The policy is
         :data:`LLM_BUFFERED` with the configured ``timeout_s``.
         """
-        if model is not None:
-            models: tuple[str, ...] = (model, *(fallbacks or ()))
-        else:
-            primary = () if cfg.primary is None else (cfg.primary,)
-            models = (*primary, *(cfg.fallbacks if fallbacks is None else fallbacks))
+        cfg = configure(cfg, model=model, fallbacks=fallbacks, api_base=api_base)
         return cls(
-            models=models,
-            api_base=api_base if api_base is not None else cfg.api_base,
-            api_key_env=cfg.api_key_env if api_base in (None, cfg.api_base) else None,
+            models=(*(() if cfg.primary is None else (cfg.primary,)), *cfg.fallbacks),
+            api_base=cfg.api_base,
+            api_key_env=cfg.api_key_env,
             policy=LLM_BUFFERED.configured(cfg),
         )
 

@@ -201,3 +201,45 @@ END;
 CREATE INDEX memories_render ON memories
     (agent_id, owner_id, scope_type, scope_id, category, updated_at DESC, id DESC)
     WHERE archived_at IS NULL;
+
+-- migration 4: a change counter per conversation window
+-- Bumped by every message stored in a conversation and by every move of its window (a
+-- compaction's checkpoint, /new, /clear), whichever process commits it: a window cached in
+-- any process tells in one primary-key read whether it is still current (M4). Nothing else
+-- moves it (a touch of owner or trust, the review and compaction gates), so other writes
+-- never make a cache reload. Messages are never edited or deleted by fermix; should SQL
+-- from outside do it, the counter moves too and the caches read their windows again.
+ALTER TABLE conversations ADD COLUMN window_version INTEGER NOT NULL DEFAULT 0;
+-- Backfill: one count per stored message, so the counter never goes back on an upgrade.
+UPDATE conversations SET window_version = (
+    SELECT count(*) FROM messages AS m
+     WHERE m.agent_id = conversations.agent_id AND m.channel = conversations.channel
+       AND m.chat_id = conversations.chat_id AND m.thread_scope = conversations.thread_scope
+);
+CREATE TRIGGER messages_window_ai AFTER INSERT ON messages BEGIN
+    UPDATE conversations SET window_version = window_version + 1
+     WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
+       AND thread_scope = new.thread_scope;
+END;
+CREATE TRIGGER messages_window_au AFTER UPDATE ON messages BEGIN
+    UPDATE conversations SET window_version = window_version + 1
+     WHERE agent_id = old.agent_id AND channel = old.channel AND chat_id = old.chat_id
+       AND thread_scope = old.thread_scope;
+    UPDATE conversations SET window_version = window_version + 1
+     WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
+       AND thread_scope = new.thread_scope;
+END;
+CREATE TRIGGER messages_window_ad AFTER DELETE ON messages BEGIN
+    UPDATE conversations SET window_version = window_version + 1
+     WHERE agent_id = old.agent_id AND channel = old.channel AND chat_id = old.chat_id
+       AND thread_scope = old.thread_scope;
+END;
+CREATE TRIGGER conversations_window_au
+    AFTER UPDATE OF window_after_id, checkpoint_message_id ON conversations
+    WHEN old.window_after_id IS NOT new.window_after_id
+      OR old.checkpoint_message_id IS NOT new.checkpoint_message_id
+BEGIN
+    UPDATE conversations SET window_version = window_version + 1
+     WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
+       AND thread_scope = new.thread_scope;
+END;

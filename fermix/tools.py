@@ -3,8 +3,10 @@
 ``memory_store`` keeps a small fact for the current conversation (conversation scope, never
 rendered into the prompt files); ``memory_recall`` looks a key up or searches memories and/or
 history within the scopes the caller is entitled to; ``memory_sources_list`` lists the
-sources the caller may see. A scheduled job's run is a :class:`~fermix.model.JobCaller`: it
-sees and writes only its own job-scoped memories, and no history (SC1, T2).
+sources the caller may see. A scheduled job's run is a :class:`~fermix.model.JobCaller`
+(``Memory.job_caller(run_id)``): it sees and writes only its own job-scoped memories, and no
+history (SC1, T2); one whose memory source or run the database does not vouch for is
+refused, naming the source, and nothing is written (M9).
 
 :meth:`MemoryTools.run` never raises into the host: bad arguments, unknown tools and
 storage errors come back as ``{"error": ...}`` in the tool message content. The schemas

@@ -33,7 +33,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A ``Path`` to an empty fermix home directory in a temporary directory, also set as
     ``FERMIX_HOME``. (``fermix_home`` is the same directory as a :class:`~fermix.home.Home`.)"""
     root = tmp_path / "home"
-    root.mkdir()
+    root.mkdir(mode=0o700)  # as fermix creates a home (M10): doctor warns on a looser one
     monkeypatch.setenv("FERMIX_HOME", str(root))
     return root
 

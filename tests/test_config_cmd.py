@@ -238,9 +238,7 @@ def test_e8_config_set_on_a_fresh_home_writes_every_key_commented_and_this_one_i
     assert "\nenabled = false\n# Fraction of the context window" in text
     assert "# review_interval_hours = 24.0" in text
     assert load_config(path).compaction.enabled is False
-    umask = os.umask(0)
-    os.umask(umask)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600  # owner-only whatever the umask (M10)
 
 
 @pytest.mark.parametrize(

@@ -207,19 +207,21 @@ def test_t2_a_job_sees_only_its_own_memories_and_no_history(setup: Setup) -> Non
     setup.say(conv, "secret plans for the launch")
     _run(setup, conv, "memory_store", key="plan", value="launch plans in March")
     job_row = setup.job("agent")
-    job = JobCaller("agent", job_row.memory_source_id, run_id=3)
-    other = JobCaller("agent", job_row.memory_source_id + 1000)
+    run = setup.db.write(lambda w: w.start_run(job_row.id))
+    job = JobCaller("agent", job_row.memory_source_id, run_id=run.id)
+    other = JobCaller("agent", job_row.memory_source_id + 1000)  # no such source (M9)
     stored = _run(setup, job, "memory_store", key="last_digest", value="sent the launch digest")
     row = setup.row(stored["stored"]["id"])
     assert row is not None and row.scope == categories.job_scope(job_row.memory_source_id)
-    assert (row.source_id, row.source_type, row.run_id) == (job_row.memory_source_id, "job", 3)
+    assert (row.source_id, row.source_type, row.run_id) == (job_row.memory_source_id, "job", run.id)
     found = _run(setup, job, "memory_recall", query="launch", scope="all")
     assert [m["key"] for m in found["memories"]] == ["last_digest"]
     assert "error" in _run(setup, job, "memory_recall", query="launch", source="history")
-    assert _run(setup, other, "memory_recall", query="launch", scope="all")["memories"] == []
+    refused = f"memory source {other.memory_source_id} does not exist"
+    assert refused in _run(setup, other, "memory_recall", query="launch", scope="all")["error"]
     sources = _run(setup, job, "memory_sources_list")["sources"]
     assert [s["type"] for s in sources] == ["job"]
-    assert _run(setup, other, "memory_sources_list")["sources"] == []
+    assert refused in _run(setup, other, "memory_sources_list")["error"]
 
 
 @pytest.mark.parametrize("source_id", [0, -1, True, "7", 1.0, None])

@@ -48,7 +48,7 @@ def version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, every command group registered."""
-    from fermix.cli import chat, config_cmd, doctor, memory, resource, setup, supervisor
+    from fermix.cli import chat, config_cmd, doctor, job, memory, resource, setup, supervisor
 
     parser = argparse.ArgumentParser(
         prog="fermix",
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=command_parser)
     chat.register(sub)
     memory.register(sub)
+    job.register(sub)
     resource.register(sub)
     supervisor.register(sub)
     config_cmd.register(sub)

@@ -135,15 +135,15 @@ def check_document(document: tomlkit.TOMLDocument, source: str) -> Config:
 def write_document(path: Path, document: tomlkit.TOMLDocument) -> None:
     """Replace ``path`` with ``document`` atomically (temp, fsync, rename), keeping its mode.
 
-    A new file gets the mode the umask gives (the temporary file would be 0600).
+    A new file is owner-only, 0600 whatever the umask, in a 0700 home if the home is new
+    (M10); an existing file keeps its mode (a looser one is for ``fermix doctor`` to name).
     """
     from fermix.runtime.files import write_atomic
 
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
+        mode: int | None = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
+        mode = None  # write_atomic's file is exactly 0600
     write_atomic(path, document.as_string())
-    os.chmod(path, mode)
+    if mode is not None:
+        os.chmod(path, mode)

@@ -13,6 +13,7 @@ and write units of the :class:`~fermix.runtime.writer.Writer`, nothing else.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 
 from fermix import llm
@@ -53,6 +54,9 @@ class Compacting:
         self._clock = clock
         self._route = route
         self._on_compacted = on_compacted
+        self._unknown_windows: set[str] = set()
+        """The models whose unknown context window was logged: once each, not per turn."""
+        self._unknown_lock = threading.Lock()
 
     def route(self) -> llm.Route:
         """The agent's route (the same one the reviewer uses)."""
@@ -63,6 +67,20 @@ class Compacting:
     def context_window(self) -> int | None:
         """The model's context window: the configured override, else litellm's model info."""
         return llm.context_window(self.route(), self._config.model.context_window)
+
+    def _warn_unknown_window(self) -> None:
+        """Say once per model that compaction is off for it, and which key turns it on (M8)."""
+        model = self.route().primary or "-"
+        with self._unknown_lock:
+            if model in self._unknown_windows:
+                return
+            self._unknown_windows.add(model)
+        log.warning(
+            "compaction is off for model %s: litellm does not know its context window; set"
+            " context_window (Memory(context_window=...) or [fermix_core.model]"
+            " context_window in config.toml, in tokens)",
+            model,
+        )
 
     def compact(self, key: ConversationKey, *, force: bool = False) -> CompactionResult:
         """Compact ``key`` if its recorded peak calls for it (or ``force``); never raises for
@@ -81,8 +99,11 @@ class Compacting:
                 return _skipped(key, "cold")
             if failed is not None and now - failed < compaction.FAILURE_BACKOFF_MS:
                 return _skipped(key, "failure_backoff")
+        if self.route().primary is None:
+            return _skipped(key, llm.NO_MODEL)  # the start of the process said so, once (M8)
         window_size = self.context_window()
         if window_size is None:
+            self._warn_unknown_window()
             return _skipped(key, "unknown_context_window")
         if not force and not compaction.due(state.peak_prompt_tokens, window_size, cfg.threshold):
             return _skipped(key, "under_threshold")

@@ -25,13 +25,16 @@ from fermix.actors.conversation import (
     ConversationStore,
     History,
     Reload,
+    Snapshot,
     StateQuery,
+    WindowMark,
 )
-from fermix.actors.reviewer import Review, Reviewer
+from fermix.actors.reviewer import Review, Reviewer, ReviewRunner
 from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
+from fermix.core.review import gate as review_gate
 from fermix.errors import (
     ActorUnavailableError,
     FermixError,
@@ -55,7 +58,8 @@ log = logging.getLogger(__name__)
 
 
 class _Windows:
-    """Reads a conversation's state and window for its actor (a ``WindowSource``)."""
+    """Reads a conversation's state, window and window mark for its actor (a
+    ``WindowSource``), each in one read unit (M4)."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -64,11 +68,24 @@ class _Windows:
         with self._db.read() as reads:
             return reads.conversation(key)
 
-    def window(
-        self, key: ConversationKey, limit: int | None
-    ) -> tuple[ConversationState | None, list[Message]]:
+    def snapshot(self, key: ConversationKey, limit: int | None) -> Snapshot:
         with self._db.read() as reads:
-            return reads.conversation(key), reads.window(key, limit=limit)
+            state, mark, window, newest = reads.window_snapshot(key, limit=limit)
+        return Snapshot(state, WindowMark(*mark), window, newest)
+
+    def mark(self, key: ConversationKey) -> WindowMark:
+        with self._db.read() as reads:
+            return WindowMark(*reads.window_mark(key))
+
+    def since(
+        self, key: ConversationKey, after: Message | None, after_id: int, limit: int | None
+    ) -> tuple[WindowMark, list[Message]]:
+        stored_from = 0 if after is None or after.id != after_id else after.created_at
+        with self._db.read() as reads:
+            mark, new = reads.window_since(
+                key, after_id=after_id, stored_from=stored_from, limit=limit
+            )
+        return WindowMark(*mark), new
 
 
 class Runtime:
@@ -128,6 +145,8 @@ class Runtime:
                 self.db.close()
                 raise
             self._started = True
+        if self.reviewing.route.primary is None:
+            log.warning("%s", llm.NO_MODEL_OFF)  # once per start, not per turn (M8)
 
     def _start_tree(self) -> None:
         db, config = self.db, self.config
@@ -144,7 +163,10 @@ class Runtime:
         )
         windows = _Windows(db)
         max_history = config.memory.max_conversation_history
-        reviewing, compacting = self.reviewing, self.compacting
+        compacting = self.compacting
+        reviewing: ReviewRunner = self.reviewing
+        if self.reviewing.route.primary is None:
+            reviewing = _ReviewsOff(self.reviewing, db, config, self._clock)  # M8
         self.tree = Supervisor(
             [
                 ChildSpec("reviewer", lambda: Reviewer.start(reviewing)),
@@ -296,6 +318,39 @@ class Runtime:
         self.check_running()
         for key in self.reviewing.due():
             self._tell("reviewer", Review(key))
+
+
+class _ReviewsOff:
+    """The Reviewer's runner when no model is configured (M8): the repairs at start still
+    run, the review gates still answer first (nothing new, disabled...), and a review that
+    would run is skipped as ``no_model`` instead of failing into its backoff every time."""
+
+    def __init__(
+        self, reviewing: Reviewing, db: Database, config: Config, clock: Callable[[], int]
+    ) -> None:
+        self._reviewing = reviewing
+        self._db = db
+        self._config = config.memory
+        self._clock = clock
+
+    def start(self) -> None:
+        self._reviewing.start()
+
+    def review(self, key: ConversationKey, *, force: bool = False) -> ReviewResult:
+        with self._db.read() as reads:
+            state = reads.conversation(key)
+            newest = reads.newest_user_message_id(key)
+        skip = review_gate(
+            state,
+            now_ms=self._clock(),
+            interval_hours=self._config.review_interval_hours,
+            backoff_ms=self._config.review_failure_backoff_ms,
+            newest_user_message_id=newest,
+            force=force,
+        )
+        if skip is not None:
+            return ReviewResult(key, "skipped", skip=skip)
+        return ReviewResult(key, "skipped", error=f"{llm.NO_MODEL}: {llm.NO_MODEL_OFF}")
 
 
 def _ref(child: object) -> pykka.ActorRef[Any]:

@@ -22,7 +22,8 @@ from pathlib import Path
 from fermix import validate
 from fermix.core.render import FILES, file_spec
 from fermix.errors import UnsafePathSegmentError
-from fermix.home import Home
+from fermix.home import Home, set_private_file_mode
+from fermix.home import make_private_dir as _make_private_dir
 from fermix.model import check_resource_name
 
 OWNERS_DIR = "owners"
@@ -85,21 +86,26 @@ def file_path(home: Home, agent_id: str, name: str, owner_id: str = "") -> Path:
 
 
 def make_private_dir(path: Path) -> None:
-    """Create ``path`` and its missing parents readable by their owner only (M10)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ``path`` and its missing parents 0700, whatever the umask (M10).
+
+    Folders that exist are left as they are (``fermix doctor`` names looser ones).
+    """
+    _make_private_dir(path)
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` so that a reader sees the old or the new file, never half.
 
-    The text goes to a temporary file (mode 0600) in the same directory, which is fsynced,
-    renamed over ``path`` with :func:`os.replace`, and the directory is fsynced so the
-    rename is durable.
+    The text goes to a temporary file (exactly 0600 whatever the umask, M10) in the same
+    directory (made 0700 if missing), which is fsynced, renamed over ``path`` with
+    :func:`os.replace`, and the directory is fsynced so the rename is durable. The new
+    ``path`` therefore has mode 0600; a caller that keeps another mode sets it after.
     """
     make_private_dir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
+            set_private_file_mode(fh.fileno())
             fh.write(text.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())

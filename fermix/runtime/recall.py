@@ -1,7 +1,9 @@
 """The memory tools' work against storage (T1-T3, SC3).
 
 A caller is described by plain values: a :class:`ConversationCaller` (a conversation's key
-and owner) or a :class:`~fermix.model.JobCaller` (a scheduled job's run). What it may reach
+and owner) or a :class:`~fermix.model.JobCaller` (a scheduled job's run), which is admitted
+only once the database vouches for its memory source and run
+(:func:`fermix.runtime.jobs.check_caller`, in the same unit as the work). What it may reach
 is :func:`fermix.core.categories.visible_scopes`; the arguments were checked by
 :mod:`fermix.core.tool_calls`.
 
@@ -32,6 +34,7 @@ from fermix.model import (
     Scope,
     SearchHit,
 )
+from fermix.runtime.jobs import check_caller
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Reads, Writes
 
@@ -77,14 +80,18 @@ def store(writer: Writer, caller: Caller, key: str, value: str) -> MemoryRow:
     """Store ``value`` under ``key`` at the caller's scope, replacing that key's value (T1)."""
     scope = home_scope(caller)
     agent_id, owner_id = agent_of(caller), caller.owner_id
-    if isinstance(caller, JobCaller):
-        provenance = Provenance(
-            source_id=caller.memory_source_id, source_type="job", run_id=caller.run_id
-        )
-    else:
-        provenance = Provenance(source_type="tool", session_id=caller.key.scope_id)
 
     def unit(writes: Writes) -> list[MemoryRow]:
+        if isinstance(caller, JobCaller):
+            source = check_caller(writes, caller)  # under the write lock: nothing if refused
+            provenance = Provenance(
+                source_id=source.id,
+                source_type="job",
+                source_name=source.name,
+                run_id=caller.run_id,
+            )
+        else:
+            provenance = Provenance(source_type="tool", session_id=caller.key.scope_id)
         before = writes.row_by_key(agent_id=agent_id, owner_id=owner_id, scope=scope, key=key)
         after = writes.upsert_row(
             agent_id=agent_id,
@@ -105,9 +112,11 @@ def store(writer: Writer, caller: Caller, key: str, value: str) -> MemoryRow:
 
 def recall(db: Database, caller: Caller, call: Recall) -> dict[str, Any]:
     """The rows and/or messages ``call`` asks for, within what ``caller`` may see (T2, SC3)."""
-    if isinstance(caller, JobCaller) and call.source != "memories":
-        raise ToolError("a scheduled job can only recall its own memories, not history")
     with db.read() as reads:
+        if isinstance(caller, JobCaller):
+            check_caller(reads, caller)
+            if call.source != "memories":
+                raise ToolError("a scheduled job can only recall its own memories, not history")
         rows = hits = None
         if call.source in ("memories", "all"):
             rows = recall_rows(reads, caller, call)
@@ -152,6 +161,5 @@ def sources(db: Database, caller: Caller) -> list[MemorySource]:
     agent's shared ones (T3)."""
     with db.read() as reads:
         if isinstance(caller, JobCaller):
-            own = reads.source(caller.memory_source_id)
-            return [] if own is None else [own]
+            return [check_caller(reads, caller)]
         return reads.sources(agent_id=caller.key.agent_id, owner_id=caller.owner_id)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fermix.errors import FermixError, ServiceError
-from fermix.home import Home
+from fermix.home import Home, create_private_file, make_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def claim_pid_file(paths: ServicePaths) -> None:
     """Write this process's pid exclusively; replace a stale file; refuse a live one."""
     for _ in range(2):
         try:
-            fd = os.open(paths.pid, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(paths.pid, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             pid = read_pid(paths)
             if pid is not None and pid != os.getpid() and pid_alive(pid):
@@ -156,7 +156,7 @@ def serve(home: Home, *, announce: Callable[[], None] | None = None) -> int:
     from fermix.runtime.engine import Runtime
 
     paths = ServicePaths.of(home)
-    home.root.mkdir(parents=True, exist_ok=True)
+    make_private_dir(home.root)
     claim_pid_file(paths)
     stopping = threading.Event()
     previous = {
@@ -210,7 +210,8 @@ def start_background(home: Home, *, timeout: float = 30.0) -> int:
     pid = running_pid(paths)
     if pid is not None:
         raise ServiceError(f"the supervisor already runs (pid {pid})")
-    home.root.mkdir(parents=True, exist_ok=True)
+    make_private_dir(home.root)
+    create_private_file(paths.log)
     with open(paths.log, "ab") as log_file:
         proc = subprocess.Popen(
             [

@@ -202,8 +202,10 @@ class Committer:
                     self._held = False
                     if self._closed:
                         self._writer_turn.put(None)  # close() may be waiting on the writer
-        result: T = unit.outcome()
-        return result
+        if unit.ok:
+            result: T = unit.value
+            return result
+        raise unit.value
 
     def _write_loop(self) -> None:
         """The writer thread: commit queued batches while it holds the connection."""
@@ -296,7 +298,8 @@ class Committer:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            values = [unit.work(conn) for unit in batch]
+            for unit in batch:
+                unit.value = unit.work(conn)  # a result, but not an outcome until committed
             conn.execute("COMMIT")
         except TRANSIENT_ERRORS:
             self._rollback()
@@ -311,8 +314,8 @@ class Committer:
         except BaseException:
             self._rollback()
             raise
-        for unit, value in zip(batch, values, strict=True):
-            unit.succeed(value)
+        for unit in batch:
+            unit.ok = True
 
     def _commit_isolated(self, batch: list[_Unit]) -> None:
         """The batch again, each unit in a savepoint, leaving out the ones that raise."""

@@ -4,6 +4,10 @@ WAL lets readers run beside the one writer; the busy timeout lets several proces
 host, the CLI) share the file; foreign keys hold references; ``synchronous=NORMAL`` is
 durable across process crashes in WAL mode (a power cut may lose the last commits, never
 corrupt the file).
+
+The database file is created here, owner-only (0600) whatever the umask, before SQLite
+opens it (M10): SQLite would create it 0644 minus the umask, and it gives the ``-wal`` and
+``-shm`` files it creates later the database file's own permission bits.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 import apsw
 
 from fermix.errors import InvalidInputError, StorageError
+from fermix.home import create_private_file, make_private_dir
 
 BUSY_TIMEOUT_MS = 5_000
 SYNCHRONOUS = "NORMAL"
@@ -58,8 +63,11 @@ def connect(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Con
 
 
 def raw_connect(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
-    """Open ``path`` with only the busy timeout set: the version check reads before it writes."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """Open ``path`` with only the busy timeout set: the version check reads before it writes.
+
+    A missing database file (and its folder) is created owner-only first (M10).
+    """
+    create_database_file(path)
     flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
     try:
         if vfs is None:
@@ -71,6 +79,21 @@ def raw_connect(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw
     # Even the first read (of the schema version) may meet another process's lock.
     set_busy_timeout(conn)
     return conn
+
+
+def create_database_file(path: str | os.PathLike[str]) -> bool:
+    """Create the database file ``path`` empty and 0600 (its folder 0700) unless it exists.
+
+    SQLite takes an empty file for a new database. Its ``-wal`` and ``-shm`` files get this
+    file's permission bits, so they are owner-only too (M10). Returns whether it was made.
+    """
+    if os.fspath(path) in ("", ":memory:"):
+        return False
+    try:
+        make_private_dir(Path(path).parent)
+        return create_private_file(path)
+    except OSError as exc:
+        raise StorageError(f"cannot create database {path}: {exc}") from exc
 
 
 def apply_settings(conn: apsw.Connection) -> None:

@@ -7,6 +7,8 @@ the gates of the reviewer (E2) and the compactor (K3).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import apsw
@@ -84,7 +86,82 @@ def window(
     Messages before ``window_after_id`` stay stored (K5): a checkpoint or ``/new`` only
     moves the window's start. With ``limit``, only the newest ``limit`` messages are kept.
     """
-    state = get(conn, key)
+    return _window_of(conn, key, get(conn, key), limit)
+
+
+WindowMark = tuple[int, int, int | None]
+"""Where a conversation's window stands: ``(window_version, window_after_id,
+checkpoint_message_id)``. The version moves with every message stored in the conversation
+and every move of the window, by any process (migration 4, M4)."""
+
+_NO_MARK: WindowMark = (0, 0, None)
+
+
+def window_mark(conn: apsw.Connection, key: ConversationKey) -> WindowMark:
+    """The mark of the window of ``key`` (``(0, 0, None)`` without a row): one read by the
+    primary key, which tells a cache whether the window it holds is still current (M4)."""
+    rows = fetch_rows(
+        conn,
+        "SELECT window_version, window_after_id, checkpoint_message_id FROM conversations"
+        f" WHERE {_WHERE_KEY}",
+        key.as_tuple(),
+    )
+    return (int(rows[0][0]), int(rows[0][1]), rows[0][2]) if rows else _NO_MARK
+
+
+def window_snapshot(
+    conn: apsw.Connection, key: ConversationKey, *, limit: int | None = None
+) -> tuple[ConversationState | None, WindowMark, list[Message], Message | None]:
+    """The state, the mark, the window (as :func:`window`) and the newest stored message of
+    ``key``, read as one snapshot: another process's commit is in all of them or in none."""
+    with _snapshot(conn):
+        mark = window_mark(conn, key)
+        state = get(conn, key)
+        rows = _window_of(conn, key, state, limit)
+        newest = messages.conversation(conn, key, limit=1, newest=True)
+    return state, mark, rows, newest[0] if newest else None
+
+
+def window_since(
+    conn: apsw.Connection,
+    key: ConversationKey,
+    *,
+    after_id: int,
+    stored_from: int = 0,
+    limit: int | None = None,
+) -> tuple[WindowMark, list[Message]]:
+    """The mark of ``key`` and its messages stored after message ``after_id``, oldest first
+    (the newest ``limit`` of them), read as one snapshot.
+
+    ``stored_from`` (the ``created_at`` of message ``after_id``) lets the read start there in
+    the conversation's index instead of walking all of it; a message stored with an older
+    time is left out, and the caller, counting what it got against the versions, reads the
+    whole window instead.
+    """
+    with _snapshot(conn):
+        mark = window_mark(conn, key)
+        rows = messages.stored_after(
+            conn, key, after_id=after_id, stored_from=stored_from, limit=limit
+        )
+    return mark, rows
+
+
+@contextlib.contextmanager
+def _snapshot(conn: apsw.Connection) -> Iterator[None]:
+    # A savepoint is a read transaction outside a write, and nests inside one.
+    conn.execute("SAVEPOINT window_snapshot")
+    try:
+        yield
+    finally:
+        conn.execute("RELEASE window_snapshot")
+
+
+def _window_of(
+    conn: apsw.Connection,
+    key: ConversationKey,
+    state: ConversationState | None,
+    limit: int | None,
+) -> list[Message]:
     after = 0 if state is None else state.window_after_id
     rows = messages.conversation(conn, key, after_id=after, limit=limit, newest=limit is not None)
     checkpoint_id = None if state is None else state.checkpoint_message_id

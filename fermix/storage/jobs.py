@@ -22,6 +22,8 @@ _JOB_COLS = (
     " created_at, updated_at"
 )
 _RUN_COLS = "id, job_id, status, output, error, started_at, finished_at"
+MAX_RUN_TEXT = 100_000
+"""The longest output or error a run records, in characters."""
 
 
 def ensure_source(
@@ -91,6 +93,10 @@ def create_job(
     source = ensure_source(
         conn, agent_id=agent_id, source_type="job", name=name, owner_id=owner_id, now=ts
     )
+    if source.owner_id != owner_id:  # a job source of that name exists for another owner
+        raise InvalidInputError(
+            f"agent {agent_id!r} already has a job source named {name!r} of another owner"
+        )
     try:
         row = fetch_rows(
             conn,
@@ -128,6 +134,12 @@ def list_jobs(conn: apsw.Connection, *, agent_id: str | None = None) -> list[Sch
     return [_job(r) for r in fetch_rows(conn, sql + " ORDER BY id", params)]
 
 
+def get_run(conn: apsw.Connection, run_id: int) -> JobRun | None:
+    """The run with ``run_id``, or None."""
+    rows = fetch_rows(conn, f"SELECT {_RUN_COLS} FROM job_runs WHERE id = ?", (run_id,))
+    return JobRun(*rows[0]) if rows else None
+
+
 def start_run(conn: apsw.Connection, job_id: int, *, now: int | None = None) -> JobRun:
     """Record that a run of ``job_id`` started (caller's transaction)."""
     get_job(conn, job_id)
@@ -149,17 +161,29 @@ def finish_run(
     error: str | None = None,
     now: int | None = None,
 ) -> JobRun:
-    """Record a run's outcome (caller's transaction)."""
+    """Record a run's outcome (caller's transaction), once.
+
+    A failed run says why (``error``); a succeeded one has no error. A run that already
+    finished is refused, its outcome kept.
+    """
     if status not in RUN_STATUSES[1:]:
         raise InvalidInputError(f"a finished run's status is succeeded or failed, not {status!r}")
+    validate.text("output", output, max_chars=MAX_RUN_TEXT)
+    if status == "failed":
+        validate.text("error", error, max_chars=MAX_RUN_TEXT, allow_empty=False)
+    elif error is not None:
+        raise InvalidInputError("a succeeded run has no error: finish it as failed instead")
+    run = get_run(conn, run_id)
+    if run is None:
+        raise NotFoundError(f"no job run with id {run_id}")
+    if run.status != "running":
+        raise InvalidInputError(f"job run {run_id} already finished ({run.status})")
     rows = fetch_rows(
         conn,
         "UPDATE job_runs SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?"
         f" RETURNING {_RUN_COLS}",
         (status, output, error, now_ms() if now is None else now, run_id),
     )
-    if not rows:
-        raise NotFoundError(f"no job run with id {run_id}")
     return JobRun(*rows[0])
 
 

@@ -149,3 +149,32 @@ def search(
     by_id = {message.id: message for message in map(_row, rows)}
     # A row deleted since the match is left out rather than failing the search.
     return [SearchHit(by_id[found[i][0]], -scores[i]) for i in best if found[i][0] in by_id]
+
+
+def stored_after(
+    conn: apsw.Connection,
+    key: ConversationKey,
+    *,
+    after_id: int,
+    stored_from: int = 0,
+    limit: int | None = None,
+) -> list[Message]:
+    """Messages of ``key`` with id > ``after_id`` stored at or after ``stored_from`` (epoch
+    ms), oldest first; the newest ``limit`` of them when given.
+
+    The time bound is a range of the conversation's index, so a read of the few messages
+    after a known one costs the same in a conversation of ten messages or of a million.
+    """
+    sql = (
+        f"SELECT {_COLUMNS} FROM messages WHERE agent_id = ? AND channel = ? AND chat_id = ?"
+        " AND thread_scope = ? AND created_at >= ? AND id > ?"
+    )
+    params: list[Any] = [*key.as_tuple(), stored_from, after_id]
+    if limit is None:
+        return [_row(r) for r in conn.execute(sql + " ORDER BY created_at, id", params)]
+    rows = [
+        _row(r)
+        for r in conn.execute(sql + " ORDER BY created_at DESC, id DESC LIMIT ?", [*params, limit])
+    ]
+    rows.reverse()
+    return rows

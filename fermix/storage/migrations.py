@@ -94,7 +94,10 @@ def migrate(conn: apsw.Connection) -> list[int]:
 
 
 def open_database(path: str | os.PathLike[str], *, vfs: str | None = None) -> apsw.Connection:
-    """Open ``path``, refuse it if it is newer than this fermix, then apply migrations."""
+    """Open ``path``, refuse it if it is newer than this fermix, then apply migrations.
+
+    A missing file is created owner-only (0600, M10) by :func:`raw_connect` first.
+    """
     conn = raw_connect(path, vfs=vfs)
     try:
         # A fault that can pass (another process's lock, a disk hiccup) is retried: each

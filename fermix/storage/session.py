@@ -64,6 +64,9 @@ class Reads:
     conversation = _Op(_conversations.get)
     conversations = _Op(_conversations.list_states)
     window = _Op(_conversations.window)
+    window_mark = _Op(_conversations.window_mark)
+    window_snapshot = _Op(_conversations.window_snapshot)
+    window_since = _Op(_conversations.window_since)
     newest_user_message_id = _Op(_conversations.newest_user_message_id)
     with_new_user_messages = _Op(_conversations.with_new_user_messages)
 
@@ -89,6 +92,7 @@ class Reads:
     job = _Op(_jobs.get_job)
     jobs = _Op(_jobs.list_jobs)
     runs = _Op(_jobs.list_runs)
+    run = _Op(_jobs.get_run)
 
     # prompt-file resources and their revisions
     resource = _Op(_resources.get_resource)

@@ -1,5 +1,5 @@
 """The checks of ``fermix doctor`` (:mod:`fermix.cli.doctor`), and the repairs that are safe
-to make (S1, S2, S4, S5, C5, E2, P2).
+to make (S1, S2, S4, S5, C5, E2, P2, M10).
 
 Each check reads and returns a :class:`~.outcome.Check`: a status, a one-line summary, a
 hint saying what to do, and the :data:`~.outcome.Fix` that repairs it when one can. The
@@ -9,7 +9,8 @@ only :func:`~.fixes.apply_fixes` (``--fix``) opens it to write. Only derived sta
 repaired: an FTS mirror is rebuilt from its content table, a prompt file rendered again
 from its rows (:meth:`PromptFiles.repair <fermix.runtime.prompt_files.PromptFiles.repair>`,
 which keeps an operator's rollback, P2), an expired review claim released (any reviewer
-would take it over), pending migrations applied (as any command does at start).
+would take it over), pending migrations applied (as any command does at start); besides,
+a path of the home open to other accounts is made owner-only (M10).
 ``memory.db`` is never rewritten, and litellm is imported only by
 :func:`~.environment.check_model`.
 
@@ -25,5 +26,6 @@ The modules, one concept each:
 - :mod:`.database`: opening and migrations, SQLite's integrity, the FTS mirrors;
 - :mod:`.prompt_files`: USER.md and MEMORY.md against their rows;
 - :mod:`.reviews`: review claims and the reviewer's gates;
+- :mod:`.permissions`: the home and its data are owner-only (M10), and ``chmod go-rwx``;
 - :mod:`.fixes`: the repairs (``--fix``), the only module that writes.
 """

@@ -13,6 +13,7 @@ from fermix.cli.doctor_checks.database import FTS_TABLES, check_fts, check_integ
 from fermix.cli.doctor_checks.environment import check_config, check_disk, check_model
 from fermix.cli.doctor_checks.fixes import apply_fixes
 from fermix.cli.doctor_checks.outcome import Check, Progress, Report, quiet
+from fermix.cli.doctor_checks.permissions import check_permissions
 from fermix.cli.doctor_checks.prompt_files import check_prompt_files
 from fermix.cli.doctor_checks.reviews import check_claims, check_review_gates
 from fermix.config import Config
@@ -78,6 +79,8 @@ def run_checks(
                 checks += database_checks(home, db, config, now=now, full=full, progress=progress)
         finally:
             db.close()
+    progress("checking permissions")
+    checks.append(_guarded("permissions", partial(check_permissions, home)))
     progress("checking disk")
     checks.append(_guarded("disk", partial(check_disk, home)))
     if model_check:

@@ -1,5 +1,6 @@
-"""What the home runs with: config.toml, free disk space, and the model route (the only
-check that imports litellm, and only when asked)."""
+"""What the home runs with: config.toml (and whether it names a model: without one, reviews
+and compaction are off), free disk space, and the model route (the only check that imports
+litellm, and only when asked)."""
 
 from __future__ import annotations
 
@@ -16,20 +17,28 @@ LOW_DISK_BYTES = 1 << 30
 LOW_DISK_FRACTION = 0.05
 TINY_PROMPT = ({"role": "user", "content": "Say OK."},)
 """The one message of a route test: it costs a handful of tokens."""
+NO_MODEL = "no model is configured: reviews and compaction are off"
+NO_MODEL_HINT = (
+    "set one: `fermix setup`, or `fermix config set fermix_core.model.primary MODEL` (a litellm"
+    ' model name such as openai/gpt-4o-mini); a host that passes Memory(model="...") in code'
+    " has one anyway"
+)
 
 
 def check_config(home: Home) -> tuple[Check, Config]:
-    """config.toml loads; on failure the checks go on with every default."""
+    """config.toml loads, and names a model (else reviews and compaction are off, M8: info,
+    since a host may pass its model in code); on failure the checks go on with every
+    default."""
     path = home.config_path
     try:
         config = load_config(path)
     except ConfigError as exc:
         hint = "fix it with `fermix config set KEY VALUE` or by hand (`fermix config path`)"
         return Check("config", "fail", str(exc), hint), Config()
-    if not path.exists():
-        hint = "`fermix setup` writes one"
-        return Check("config", "info", "no config.toml: every default", hint), config
-    return Check("config", "pass", f"{path.name} loads"), config
+    loaded = f"{path.name} loads" if path.exists() else "no config.toml: every default"
+    if config.model.primary is None:
+        return Check("config", "info", f"{loaded}; {NO_MODEL}", NO_MODEL_HINT), config
+    return Check("config", "pass", loaded), config  # a model means a config.toml
 
 
 def check_disk(home: Home, usage: Callable[[str], Any] = shutil.disk_usage) -> Check:
@@ -51,7 +60,7 @@ def check_model(config: Config) -> Check:
 
     route = llm.Route.from_config(config.model)
     if route.primary is None:
-        return Check("model", "warn", "no model is configured", "`fermix setup` sets the route")
+        return Check("model", "warn", NO_MODEL, NO_MODEL_HINT)
     try:
         answer = llm.complete(route, TINY_PROMPT, agent="doctor", max_tokens=5)
     except FermixError as exc:

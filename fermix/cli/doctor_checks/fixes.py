@@ -2,7 +2,9 @@
 
 Only derived state is repaired: pending migrations applied (as any command does at start),
 an FTS mirror rebuilt from its content table, prompt files rendered again from their rows
-(keeping an operator's rollback, P2), expired review claims released.
+(keeping an operator's rollback, P2), expired review claims released. Besides, paths of the
+home open to other accounts are made owner-only (M10), first, so that a WAL file the
+database opening creates gets the database file's tightened mode.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Callable
 
 from fermix.cli.doctor_checks.database import FTS_TABLES
 from fermix.cli.doctor_checks.outcome import Check, Progress, quiet
+from fermix.cli.doctor_checks.permissions import tighten
 from fermix.home import Home
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.storage import Database, Writes
@@ -21,12 +24,17 @@ def apply_fixes(
 ) -> list[str]:
     """Repair what ``checks`` found that can be repaired safely; say what was done.
 
-    The database is opened as every command opens it: created when missing, migrated.
+    The database is opened as every command opens it (created when missing, migrated)
+    when a repair needs it; tightening permissions alone does not open it.
     """
     wanted = {c.fix for c in checks if c.fix is not None and c.status in ("warn", "fail")}
-    if not wanted:
-        return []
     done = []
+    if "permissions" in wanted:
+        progress("making the home owner-only")
+        done += tighten(home)
+        wanted.discard("permissions")
+    if not wanted:
+        return done
     existed = home.db_path.exists()
     progress("applying migrations" if "migrate" in wanted else "opening the database")
     db = Database(home.db_path, readers=1)  # creates the file, applies migrations

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 Status = Literal["pass", "info", "warn", "fail", "skip"]
-Fix = Literal["migrate", "fts", "prompt_files", "claims"]
+Fix = Literal["migrate", "fts", "prompt_files", "claims", "permissions"]
 """What :func:`~fermix.cli.doctor_checks.fixes.apply_fixes` can do: migrate, rebuild an FTS
-mirror, re-render, release."""
+mirror, re-render, release, make owner-only."""
 Progress = Callable[[str], None]
 """Told what runs next (``checking integrity (quick_check)``), to show it to a person."""
 
