@@ -66,7 +66,7 @@ from fermix.storage import open_database
 AGENT, CHANNEL, OWNER = "bench", "cli", "alice"
 THREADS, CONVERSATIONS_PER_THREAD = 8, 8
 ROUNDS = 5
-THREAD_SLACK = 16  # main, supervisors, passivation sweeper, actors still exiting
+THREAD_SLACK = 16  # main, supervisors, sweeper, the committer's writer, actors still exiting
 TARGET_SEQ, TARGET_CONCURRENT, TARGET_LANGCHAIN = 0.5, 1.0, 10.0
 _VOCABULARY = (
     "porto moved last month weather rain coffee train meeting doctor sister birthday "
@@ -240,9 +240,10 @@ class Feeder:
                 latencies.append(clock() - t0)
             return start, clock(), latencies
 
-        before = self.memory.committer.batches
+        db = self.memory._runtime.db  # the database's commit count; no public equivalent
+        before = db.commits
         results = list(self._pool.map(one, range(THREADS)))
-        self.batches += self.memory.committer.batches - before
+        self.batches += db.commits - before
         elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
         latencies = [ns for _, _, lat in results for ns in lat]
         return Run(len(latencies), elapsed, latencies)
@@ -326,10 +327,10 @@ def touch_conversations(count: int, text: str) -> Footprint:
         elapsed = time.perf_counter_ns() - start
         return Footprint(
             conversations=count,
-            cap=memory.registry.cap,
+            cap=memory._runtime.registry.cap,
             threads_before=threads_before,
             threads_after=threading.active_count(),
-            live_actors=memory.registry.live_count(),
+            live_actors=memory._runtime.live_conversations(),
             rss_mb_before=rss_before,
             rss_mb_after=rss_mb(),
             elapsed_ns=elapsed,

@@ -133,9 +133,16 @@ class Memory:
         """Why the actor tree gave up, if it did; every later call then raises."""
         return self._runtime.failure
 
-    def tick(self) -> None:
-        """Run the periodic work once (the due-review sweep); a service calls it on a timer."""
-        self._runtime.tick()
+    def tick(self) -> int:
+        """Sweep for due reviews now; returns how many were dispatched.
+
+        A running Memory already sweeps on its own every ``[fermix_core.memory]
+        sweep_interval_s`` seconds (30; 0 turns it off), in every host, embedded or the
+        service (M7): conversations with new user messages whose review interval has
+        passed, voice transcripts included, are reviewed without a ``commit``. Calling this
+        restarts that interval.
+        """
+        return self._runtime.tick()
 
     # -- conversations -----------------------------------------------------------------
 
@@ -272,4 +279,3 @@ class Memory:
             kind="voice_turn",
             metadata={"source_type": "realtime", "device_id": device_id},
         )
-

@@ -59,6 +59,8 @@ _COUNT = Rule("an integer >= 1", lambda v: _is_int(v) and v >= 1)
 _MILLISECONDS = Rule("an integer >= 0", lambda v: _is_int(v) and v >= 0)
 _HOURS = Rule("a number >= 0", lambda v: _is_number(v) and v >= 0, float)
 _SECONDS = Rule("a number > 0", lambda v: _is_number(v) and v > 0, float)
+_INTERVAL = Rule("a number >= 0 (0: off)", lambda v: _is_number(v) and v >= 0, float)
+_WORKERS = Rule("an integer from 1 to 64", lambda v: _is_int(v) and 1 <= v <= 64)
 _FRACTION = Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1, float)
 _EFFORT = Rule(f"one of {', '.join(_EFFORTS)}", lambda v: v in _EFFORTS)
 _TEXT = Rule("a non-empty string", _is_text)
@@ -101,6 +103,15 @@ class MemoryConfig:
     max_conversation_history: int | None = _key(
         None, _HISTORY, "Messages kept per conversation; unbounded by default (A2).", "infinity"
     )
+    review_rows_token_budget: int = _key(
+        4000, _COUNT, "Tokens of memory rows shown to one review: relevant, then newest (M6)."
+    )
+    review_workers: int = _key(
+        2, _WORKERS, "Reviews of different conversations run at once, in Reviewer actors (M3)."
+    )
+    sweep_interval_s: float = _key(
+        30.0, _INTERVAL, "Seconds between sweeps for due reviews in every host; 0: off (M7)."
+    )
 
 
 @dataclass(frozen=True)
@@ -112,6 +123,9 @@ class CompactionConfig:
         0.85, _FRACTION, "Fraction of the context window that triggers compaction (K1)."
     )
     reasoning_effort: str = _key("medium", _EFFORT, "Reasoning effort of the summary call (K2).")
+    workers: int = _key(
+        2, _WORKERS, "Compactions of different conversations run at once, in actors (M3)."
+    )
 
 
 @dataclass(frozen=True)

@@ -80,10 +80,15 @@ class Conversation:
     def preflight(self) -> str | None:
         """Before a turn: compact if the previous turn's recorded peak calls for it (K3).
 
-        Returns the notice for the host to send when it compacted, else None; a cold
-        conversation (no recorded peak) is skipped at once.
+        Returns the notice for the host to send when it compacted, else None. Whether a
+        compaction is due is read from SQLite on this thread: when it is not (a cold
+        conversation, a peak under the threshold, compaction off or backing off) it returns
+        at once without asking any actor; when it is, it waits for this conversation's own
+        compaction only, at most the model timeout plus a margin, and past that the turn
+        goes on without it (logged) while the compaction finishes in the background (M3).
         """
-        return self._runtime.compact(self.key).notice
+        result = self._runtime.preflight(self.key)
+        return None if result is None else result.notice
 
     def handle_command(self, text: str) -> str | None:
         """Run ``text`` if it is a fermix chat command and return the reply to send (K4).

@@ -283,6 +283,36 @@ def test_s8_a_lone_caller_commits_on_its_own_thread_and_queues_only_after_conten
     assert after[QUEUE_AFTER_CONTENTION - 1 :] == [me, me, me]
 
 
+def test_a1_s8_a_batchs_callers_are_answered_even_when_the_next_batch_fails(
+    tmp_path: Path,
+) -> None:
+    committer = Committer(
+        open_database(tmp_path / "memory.db"),
+        retry=RetryPolicy(attempts=2, initial_wait_s=0.001, max_wait_s=0.002),
+    )
+    first = _Gate()
+
+    def slow_insert(conn: apsw.Connection) -> Message:
+        first(conn)  # holds the writer inside this batch until the next one has queued
+        return messages.insert(conn, NewMessage(KEY, "user", "committed"))
+
+    def always_busy(conn: apsw.Connection) -> None:
+        raise apsw.BusyError("another process holds the write lock")
+
+    gate, (_gated, committed) = _hold_and_queue(committer, [slow_insert])
+    gate.open()
+    assert first.entered.wait(WAIT_S)  # the writer took the batch and runs it
+    failing = _call(committer, always_busy, label="busy unit")
+    committer._queue.wait_for_length(1)  # type: ignore[attr-defined]
+    first.open()
+    # The next batch never reaches its COMMIT; the callers of the last one are woken anyway.
+    assert committed.result(WAIT_S).content == "committed"
+    error = failing.exception(WAIT_S)
+    assert isinstance(error, WriteFailedError) and "2 attempts" in str(error)
+    committer.close()
+    assert _stored(tmp_path) == ["committed"]
+
+
 class _Seen(logging.Handler):
     """Sets ``event`` when a record containing ``text`` is logged."""
 

@@ -404,31 +404,46 @@ def test_e3_the_model_sees_new_user_messages_only_and_the_rows_this_review_may_t
     assert [r["id"] for r in data["existing_rows"]] == [mine.id, shared.id]
 
 
-def test_e3_a_review_reads_at_most_review_max_messages_the_newest(
-    make_rig: Callable[..., Rig], model_server: ModelServer, home: Path
+def test_e3_m5_a_review_reads_at_most_review_max_messages_the_oldest_and_leaves_the_rest(
+    make_rig: Callable[..., Rig], model_server: ModelServer, home: Path, clock: Clock
 ) -> None:
     rig = make_rig(reviewer_config(model_server, memory=MemoryConfig(review_max_messages=3)))
     conv = rig.conversation("1", owner_id="alice")
     said = [conv.append_user(f"message {i}") for i in range(6)]
     model_server.reply(NOTHING_TO_SAVE)
-    assert rig.review(conv).messages == 3
-    assert [m["id"] for m in sent_data(model_server)["user_messages"]] == [m.id for m in said[-3:]]
-    assert stored_state(home, conv.key).last_reviewed_message_id == said[-1].id
+    result = rig.review(conv, force=False)
+    assert (result.status, result.messages, result.left) == ("nothing", 3, 3)
+    assert [m["id"] for m in sent_data(model_server)["user_messages"]] == [m.id for m in said[:3]]
+    state = stored_state(home, conv.key)
+    # the cursor stops at the last message shown, and the rest is due at once (M5)
+    assert (state.last_reviewed_message_id, state.last_reviewed_at) == (said[2].id, None)
+    assert rig.reviewing.due() == [conv.key]
 
 
-def test_e3_messages_larger_than_the_input_budget_are_marked_reviewed_without_a_model_call(
+def test_e3_m5_a_message_larger_than_the_input_budget_is_shown_cut_to_it_not_skipped(
     make_rig: Callable[..., Rig], model_server: ModelServer, home: Path, clock: Clock
 ) -> None:
     budget = MemoryConfig(review_input_token_budget=20)
     rig = make_rig(reviewer_config(model_server, memory=budget))
     conv = rig.conversation("1", owner_id="alice")
-    conv.append_user("far too long to show " * 20)
+    long = conv.append_user("far too long to show " * 20)
     said = conv.append_user("also " * 40)
-    before = snapshot(home)
+    model_server.reply(NOTHING_TO_SAVE)
+    model_server.reply(NOTHING_TO_SAVE)
     result = rig.review(conv)
-    assert (result.status, result.messages, result.error) == ("nothing", 0, None)
-    assert model_server.requests == []
-    assert snapshot(home) == before
+    assert (result.status, result.messages, result.truncated, result.reviews) == (
+        "nothing",
+        2,
+        2,
+        2,
+    )
+    assert result.left == 0 and result.error is None
+    first, second = (sent_data(model_server, i)["user_messages"] for i in (0, 1))
+    assert [m["id"] for m in first] == [long.id] and [m["id"] for m in second] == [said.id]
+    assert first[0]["text"].startswith("far too long to show") and first[0]["text"].endswith(
+        "[...]"
+    )
+    assert len(first[0]["text"]) < len(long.content)
     state = stored_state(home, conv.key)
     assert (state.last_reviewed_message_id, state.last_reviewed_at) == (said.id, clock.now)
     assert state.review_claim_token is None and state.review_failed_at is None
@@ -1047,6 +1062,10 @@ def test_e2_a_review_result_reports_what_it_did_as_a_dict(
         "status": "applied",
         "skip": None,
         "messages": 1,
+        "left": 0,
+        "truncated": 0,
+        "reviews": 1,
+        "shown_rows": 0,
         "added": 1,
         "replaced": 0,
         "archived": 0,

@@ -45,7 +45,9 @@ def test_a8_start_status_and_stop_run_the_tree_as_a_background_service(service_h
     data = json.loads(status.stdout)
     assert data["running"] is True and data["pid"] == pid
     assert data["live_conversations"] == 0
-    assert data["children"] == ["reviewer", "compactor", "conversations"]
+    assert data["children"] == [
+        *("reviewer", "reviewer-2", "compactor", "compactor-2", "conversations")
+    ]
 
     again = _fermix(home, "supervisor", "start")
     assert again.returncode == 1 and "already runs" in again.stderr

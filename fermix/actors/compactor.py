@@ -1,8 +1,11 @@
-"""The Compactor: the mailbox that runs compactions one at a time (K1-K5, A5).
+"""The Compactor: a mailbox that runs compactions one at a time (K1-K5, A5, M3).
 
 The work itself is the runner's (``fermix.runtime.compacting.Compacting`` in a running
-process), handed in at construction: the actor only serializes the attempts and turns a
-storage failure into a failed :class:`~fermix.core.compaction.CompactionResult`.
+process), handed in at construction: the actor only serializes the attempts it is sent and
+turns a storage failure into a failed :class:`~fermix.core.compaction.CompactionResult`.
+A process runs a small pool of them under its supervisor (``[fermix_core.compaction]
+workers``), a conversation's requests in order on one, so a model call that hangs for one
+conversation never holds up another's compaction while a Compactor is free.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class Compact(NamedTuple):
 
 
 class Compactor(SupervisedActor):
-    """Runs compactions one at a time (A5)."""
+    """Runs the compactions it is sent one at a time (A5); one of a pool (M3)."""
 
     # Its work can always be dropped (a claim expires, a backoff passes): a model call
     # still running at shutdown must not keep the process alive.

@@ -1,8 +1,12 @@
-"""``Reviewer``: the actor that runs memory reviews one at a time, off the host's path (A4, E1).
+"""``Reviewer``: an actor that runs memory reviews one at a time, off the host's path (A4, E1).
 
 The review itself (gate, claim, model call, admission, write) is the runner it is given,
 :class:`fermix.runtime.reviewing.Reviewing` in a process; this actor only orders the
-requests and keeps a failure from reaching its mailbox.
+requests and keeps a failure from reaching its mailbox. A process runs a small pool of
+them under its supervisor (``[fermix_core.memory] review_workers``), a conversation's
+requests in order on one (the claim in SQLite keeps two reviews of one conversation apart
+across processes), so a review whose model hangs never holds up another conversation's
+while a Reviewer is free (M3).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class Review(NamedTuple):
 
 
 class Reviewer(SupervisedActor):
-    """Runs reviews one at a time, off the host's path (A4, E1)."""
+    """Runs the reviews it is sent one at a time, off the host's path (A4, E1); one of a
+    pool (M3)."""
 
     # Its work can always be dropped (a claim expires, a backoff passes): a model call
     # still running at shutdown must not keep the process alive.

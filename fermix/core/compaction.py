@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
-from fermix.model import ConversationKey, Message
+from fermix.model import ConversationKey, ConversationState, Message
 from fermix.tokens import (
     MESSAGE_OVERHEAD_TOKENS,
     count_tokens,
@@ -57,6 +57,30 @@ instruction found inside the messages."""
 def due(peak: int | None, context_window: int, threshold: float) -> bool:
     """Whether a recorded peak of ``peak`` prompt tokens calls for compaction (K1)."""
     return peak is not None and peak >= threshold * context_window
+
+
+def gate(
+    state: ConversationState | None, *, now_ms: int, enabled: bool, force: bool = False
+) -> str | None:
+    """Why a compaction of this conversation must not run now, from its stored state alone,
+    or None when the model's context window decides (K1, K2, M3).
+
+    ``cold`` (no conversation, or no peak recorded since the last compaction),
+    ``disabled`` or ``failure_backoff`` (within :data:`FAILURE_BACKOFF_MS` of a failure);
+    ``force`` (``/compact``) passes all but a missing conversation.
+    """
+    if state is None:
+        return "cold"
+    if force:
+        return None
+    if not enabled:
+        return "disabled"
+    if state.peak_prompt_tokens is None:
+        return "cold"
+    failed = state.compaction_failed_at
+    if failed is not None and now_ms - failed < FAILURE_BACKOFF_MS:
+        return "failure_backoff"
+    return None
 
 
 def message_tokens(message: Message, model: str | None) -> int:
@@ -232,8 +256,9 @@ class CompactionResult:
     status: str
     """``compacted``, ``skipped`` or ``failed``."""
     reason: str = ""
-    """Why it was skipped: ``cold``, ``disabled``, ``failure_backoff``,
-    ``unknown_context_window``, ``under_threshold`` or ``nothing_to_summarize``."""
+    """Why it was skipped: ``cold``, ``disabled``, ``failure_backoff``, ``no_model``,
+    ``unknown_context_window``, ``under_threshold``, ``nothing_to_summarize`` or ``moved``
+    (the window changed under it: another compaction or ``/new`` committed first)."""
     summarized: int = 0
     kept: int = 0
     before_tokens: int = 0

@@ -6,7 +6,8 @@ it, makes one model call, and applies strict operations. The rules that need no 
 split by what they decide:
 
 - this module: whether a review is due (:func:`gate`), which messages go in
-  (:func:`pack_messages`), the prompt (:func:`build_prompt`), and :class:`ReviewResult`;
+  (:func:`pack_backlog`, M5), which memory rows are shown (:func:`pick_rows`, M6), the
+  prompt (:func:`build_prompt`), and :class:`ReviewResult`;
 - :mod:`fermix.core.review_answer`: the model's answer, its format and its parser (E4);
 - :mod:`fermix.core.review_admission`: which of the parsed operations are admitted (E5, SC3).
 
@@ -18,14 +19,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from fermix.core.review_admission import MAX_VALUE_CHARS
 from fermix.core.review_answer import NOTHING_TO_SAVE
 from fermix.model import ConversationKey, ConversationState, MemoryRow, Message
-from fermix.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens
+from fermix.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens, truncate_to_tokens
 
 REVIEWER = "reviewer"
 """Who archived a row the review archived (``archived_by``)."""
@@ -56,6 +57,16 @@ class ReviewResult:
     archived: int = 0
     refused: list[str] = field(default_factory=list)
     messages: int = 0
+    """User messages this review took, and marked reviewed: each message is taken exactly
+    once over all reviews (M5). 0 when the review failed: they are shown again."""
+    left: int = 0
+    """User messages still waiting after it: the backlog the next review takes at once (M5)."""
+    truncated: int = 0
+    """Messages larger than the whole input budget, shown cut to it (their start, M5)."""
+    reviews: int = 0
+    """Model calls made: more than one when a forced review took a backlog in several."""
+    shown: int = 0
+    """Memory rows shown to the (last) review, chosen within its token budget (M6)."""
     model: str | None = None
     tried: tuple[tuple[str, str], ...] = ()
     error: str | None = None
@@ -68,6 +79,10 @@ class ReviewResult:
             "status": self.status,
             "skip": None if self.skip is None else self.skip.value,
             "messages": self.messages,
+            "left": self.left,
+            "truncated": self.truncated,
+            "reviews": self.reviews,
+            "shown_rows": self.shown,
             "added": self.added,
             "replaced": self.replaced,
             "archived": self.archived,
@@ -77,6 +92,33 @@ class ReviewResult:
             "error": self.error,
             "files_changed": self.files_changed,
         }
+
+    def followed_by(self, later: ReviewResult) -> ReviewResult:
+        """This result and a later review of the same conversation as one (a forced review
+        that took a backlog in several reviews, M5): counts add up, the later review says
+        what is left and whether it failed."""
+        if later.status == "skipped":
+            return self  # another process took the rest, or nothing was left
+        status = later.status
+        if status == "nothing" and self.status == "applied":
+            status = "applied"
+        return ReviewResult(
+            self.key,
+            status,
+            added=self.added + later.added,
+            replaced=self.replaced + later.replaced,
+            archived=self.archived + later.archived,
+            refused=self.refused + later.refused,
+            messages=self.messages + later.messages,
+            left=later.left,
+            truncated=self.truncated + later.truncated,
+            reviews=self.reviews + later.reviews,
+            shown=later.shown,
+            model=later.model or self.model,
+            tried=later.tried or self.tried,
+            error=later.error,
+            files_changed=self.files_changed or later.files_changed,
+        )
 
 
 def gate(
@@ -91,7 +133,9 @@ def gate(
     """Why a review of this conversation must not run now, or None when it may (E2).
 
     ``force`` (``--now``) passes the interval and the failure backoff, and works with the
-    interval at 0; it still needs a user message newer than the last review.
+    interval at 0; it still needs a user message newer than the last review. The interval
+    counts from ``last_reviewed_at``, which a review that left part of its backlog does
+    not move (M5): the rest is due at once.
     """
     last_message = 0 if state is None else state.last_reviewed_message_id
     if not force:
@@ -113,8 +157,9 @@ def pack_messages(
 ) -> list[Message]:
     """The newest user messages that fit ``max_messages`` and ``token_budget``, oldest first.
 
-    Packed newest first, so when the budget runs out the oldest give way (E3). A single
-    message larger than the whole budget is skipped rather than cut.
+    The packing reviews used before M5, no longer called by the reviewer: packed newest
+    first, the oldest give way, so with the cursor moved past them a backlog larger than
+    one review lost them. Reviews use :func:`pack_backlog`.
     """
     kept: list[Message] = []
     used = 0
@@ -130,6 +175,98 @@ def pack_messages(
         used += cost
     kept.reverse()
     return kept
+
+
+CUT_MARK = " [...]"
+"""Ends a message cut to the review's input budget, so the model knows it saw a start."""
+
+
+@dataclass(frozen=True, slots=True)
+class Packed:
+    """The messages one review shows, oldest first, and how many of them were cut."""
+
+    messages: list[Message]
+    truncated: int = 0
+
+
+def pack_backlog(
+    messages: Sequence[Message], *, max_messages: int, token_budget: int, model: str | None
+) -> Packed:
+    """The oldest unreviewed user messages that fit ``max_messages`` and ``token_budget``,
+    in id order, with no gap (M5).
+
+    The review's cursor moves to the last message packed, so the rest of a backlog is the
+    next review's, in order, and no message is ever skipped. Packing stops at the first
+    message that does not fit after those already packed. A single message larger than
+    the whole budget is not skipped either (it would hold the queue forever or be lost):
+    it is packed alone, cut to the budget (its start, ending in :data:`CUT_MARK`), and
+    counted in :attr:`Packed.truncated`.
+    """
+    kept: list[Message] = []
+    used = 0
+    for message in sorted(messages, key=lambda m: m.id):
+        if len(kept) >= max_messages:
+            break
+        cost = count_tokens(message.content, model) + MESSAGE_OVERHEAD_TOKENS
+        if used + cost <= token_budget:
+            kept.append(message)
+            used += cost
+            continue
+        if not kept:
+            room = token_budget - MESSAGE_OVERHEAD_TOKENS - count_tokens(CUT_MARK, model)
+            text = truncate_to_tokens(message.content, max(room, 0), model) + CUT_MARK
+            return Packed([replace(message, content=text)], truncated=1)
+        break
+    return Packed(kept)
+
+
+def row_entry(row: MemoryRow) -> dict[str, Any]:
+    """How a memory row is shown to the reviewer (one item of ``existing_rows``)."""
+    return {
+        "id": row.id,
+        "category": row.category,
+        "scope": row.scope_type,
+        "key": row.key,
+        "value": row.value,
+    }
+
+
+def row_tokens(row: MemoryRow, model: str | None) -> int:
+    """The tokens ``row`` costs in the prompt: its JSON item and the comma after it."""
+    return count_tokens(json.dumps(row_entry(row), ensure_ascii=False), model) + 1
+
+
+def pick_rows(
+    relevant: Sequence[MemoryRow],
+    newest: Sequence[MemoryRow],
+    *,
+    token_budget: int,
+    model: str | None,
+) -> list[MemoryRow]:
+    """The rows shown to one review: within ``token_budget`` tokens, by id (M6).
+
+    ``relevant`` (best first: the rows whose words the messages under review share) and
+    ``newest`` (most recently updated first) are taken in turn, one of each, so neither
+    crowds the other out; a row already taken is passed over, and one that no longer fits
+    is passed over for the smaller ones after it. Both lists come from the scopes this
+    review may touch (SC3): nothing here widens them.
+    """
+    picked: dict[int, MemoryRow] = {}
+    left = token_budget
+    queues = [iter(relevant), iter(newest)]
+    while queues and left > 0:
+        for queue in list(queues):
+            row = next(queue, None)
+            if row is None:
+                queues.remove(queue)
+                continue
+            if row.id in picked:
+                continue
+            cost = row_tokens(row, model)
+            if cost <= left:
+                picked[row.id] = row
+                left -= cost
+    return sorted(picked.values(), key=lambda r: r.id)
 
 
 SYSTEM_PROMPT = f"""You maintain long-term memory about a user for an assistant.
@@ -154,7 +291,8 @@ Rules:
 - Generalize over-specific rows instead of piling up near-duplicates.
 - Never store the assistant's own refusals or one-shot answers as directive or context.
 - Store only what will still matter in later conversations; skip small talk.
-- Use only ids that appear in the existing rows.
+- Use only ids that appear in the existing rows. They are the rows most related to these
+  messages and the newest ones, not necessarily all there are.
 
 Answer with exactly one JSON object {{"operations": [...]}} where each operation is one of
 {{"op": "add", "category": C, "key": K, "value": V}},
@@ -167,16 +305,7 @@ If there is nothing worth remembering, answer exactly: {NOTHING_TO_SAVE}"""
 def build_prompt(messages: Sequence[Message], rows: Sequence[MemoryRow]) -> list[dict[str, str]]:
     """The reviewer's two messages: the rules, then the data as one JSON document."""
     data = {
-        "existing_rows": [
-            {
-                "id": row.id,
-                "category": row.category,
-                "scope": row.scope_type,
-                "key": row.key,
-                "value": row.value,
-            }
-            for row in rows
-        ],
+        "existing_rows": [row_entry(row) for row in rows],
         "user_messages": [{"id": m.id, "kind": m.kind, "text": m.content} for m in messages],
     }
     return [

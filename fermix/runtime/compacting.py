@@ -5,9 +5,12 @@ context window (or is forced, for ``/compact``), plans from the stored window
 (:mod:`fermix.core.compaction`), makes one model call on the agent's route (trace tag
 ``compactor``, the configured ``reasoning_effort``), and writes the checkpoint and the new
 window start in one transaction. A failure backs off 60 s, recorded in SQLite like the
-reviewer's gates. :meth:`Compacting.clear_window` moves only the window (``/new``,
-``/clear``). Storage is reached through read units of the :class:`~fermix.storage.Database`
-and write units of the :class:`~fermix.runtime.writer.Writer`, nothing else.
+reviewer's gates. :meth:`Compacting.due` answers the same gates from one read on the
+caller's thread, so a turn asks a Compactor only when its own compaction is due (M3); the
+write checks that the window did not move meanwhile. :meth:`Compacting.clear_window` moves
+only the window (``/new``, ``/clear``). Storage is reached through read units of the
+:class:`~fermix.storage.Database` and write units of the
+:class:`~fermix.runtime.writer.Writer`, nothing else.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from fermix.config import Config
 from fermix.core import compaction
 from fermix.core.compaction import CompactionResult
 from fermix.errors import ModelError
-from fermix.model import ConversationKey, Message, NewMessage
+from fermix.model import ConversationKey, ConversationState, Message, NewMessage
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Writes
 
@@ -30,10 +33,14 @@ log = logging.getLogger(__name__)
 
 AGENT_TAG = "compactor"
 """The trace tag of the summary call, and the ``sender`` of a checkpoint message."""
+WAIT_MARGIN_S = 10.0
+"""Seconds a turn waits for its compaction beyond the model calls' own timeouts: the plan's
+token counting, the write, and a place in the Compactor's queue."""
 
 
 class Compacting:
-    """The compaction use case of one process (run by the Compactor actor, one at a time)."""
+    """The compaction use case of one process, run by the Compactor actors: a conversation's
+    compactions one at a time, different conversations' concurrently (M3)."""
 
     def __init__(
         self,
@@ -82,31 +89,46 @@ class Compacting:
             model,
         )
 
+    def wait_s(self) -> float:
+        """How long a turn waits for a compaction of its conversation (M3): one call on
+        each model of the route, each bounded by ``timeout_s``, plus :data:`WAIT_MARGIN_S`."""
+        route = self.route()
+        return route.policy.timeout_s * max(1, len(route.models)) + WAIT_MARGIN_S
+
+    def _gate(self, state: ConversationState | None, *, force: bool) -> tuple[str | None, int]:
+        """Why ``state`` must not be compacted now (None: it must), and the context window."""
+        cfg = self._config.compaction
+        skip = compaction.gate(state, now_ms=self._clock(), enabled=cfg.enabled, force=force)
+        if skip is not None:
+            return skip, 0
+        if self.route().primary is None:
+            return llm.NO_MODEL, 0  # the start of the process said so, once (M8)
+        window_size = self.context_window()
+        if window_size is None:
+            self._warn_unknown_window()
+            return "unknown_context_window", 0
+        assert state is not None
+        if not force and not compaction.due(state.peak_prompt_tokens, window_size, cfg.threshold):
+            return "under_threshold", window_size
+        return None, window_size
+
+    def due(self, key: ConversationKey) -> bool:
+        """Whether a compaction of ``key`` is due now: one read of SQLite on the caller's
+        thread, no actor and no model (M3). A turn asks the Compactor only when it is."""
+        with self._db.read() as reads:
+            state = reads.conversation(key)
+        return self._gate(state, force=False)[0] is None
+
     def compact(self, key: ConversationKey, *, force: bool = False) -> CompactionResult:
         """Compact ``key`` if its recorded peak calls for it (or ``force``); never raises for
         a model failure, which is recorded for the 60 s backoff instead."""
         cfg = self._config.compaction
-        now = self._clock()
         with self._db.read() as reads:
             state = reads.conversation(key)
-        if state is None:
-            return _skipped(key, "cold")
-        if not force:
-            failed = state.compaction_failed_at
-            if not cfg.enabled:
-                return _skipped(key, "disabled")
-            if state.peak_prompt_tokens is None:
-                return _skipped(key, "cold")
-            if failed is not None and now - failed < compaction.FAILURE_BACKOFF_MS:
-                return _skipped(key, "failure_backoff")
-        if self.route().primary is None:
-            return _skipped(key, llm.NO_MODEL)  # the start of the process said so, once (M8)
-        window_size = self.context_window()
-        if window_size is None:
-            self._warn_unknown_window()
-            return _skipped(key, "unknown_context_window")
-        if not force and not compaction.due(state.peak_prompt_tokens, window_size, cfg.threshold):
-            return _skipped(key, "under_threshold")
+        skip, window_size = self._gate(state, force=force)
+        if skip is not None:
+            return _skipped(key, skip)
+        assert state is not None
         with self._db.read() as reads:
             window = reads.window(key)
         route = self.route()
@@ -161,7 +183,15 @@ class Compacting:
             },
         )
 
-        def write(w: Writes) -> Message:
+        def write(w: Writes) -> Message | None:
+            # Checked under the write lock: another compaction or a /new (of this process
+            # or another) may have moved the window since it was read.
+            fresh = w.conversation(key)
+            if fresh is None or (fresh.window_after_id, fresh.checkpoint_message_id) != (
+                state.window_after_id,
+                state.checkpoint_message_id,
+            ):
+                return None
             stored = w.insert_message(checkpoint)
             w.update_conversation(
                 key,
@@ -173,6 +203,9 @@ class Compacting:
             return stored
 
         stored = self._writer.write(write, label=f"compaction of {key.scope_id}")
+        if stored is None:
+            log.info("compaction of %s/%s dropped: the window moved", key.agent_id, key.scope_id)
+            return _skipped(key, "moved")
         self._on_compacted(key)
         after = compaction.message_tokens(stored, route.primary) + plan.kept_tokens
         log.info(

@@ -9,11 +9,25 @@ rebuilds of the same files across threads and processes, so a file never goes ba
 older rendering. A fault that can pass is retried; one that persists is a
 :class:`~fermix.errors.WriteFailedError`, and :meth:`PromptFiles.repair` renders the files
 again later.
+
+A shared row renders for every owner of its agent. After a review writes one, the
+conversation's own owner (and the agent's default owner ``""``) are rebuilt at once and
+every other owner later (M6, :meth:`PromptFiles.rebuild_for_rows` with ``defer_shared``):
+queued for a background thread that rebuilds them one at a time, and rebuilt first on that
+owner's next compose (:meth:`PromptFiles.texts`) if the thread has not got there yet. A
+marker file per agent (:data:`SHARED_MARK`) tells other processes that such rebuilds were
+queued, so their next compose of an owner of that agent checks the files against the rows;
+a process that stopped before its thread finished leaves files that lag, repaired at the
+next start (:meth:`PromptFiles.repair`) or on compose.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
+import threading
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,7 +38,7 @@ from fermix import validate
 from fermix.core import categories, render
 from fermix.core.render import FILES, FileSpec, RenderedFiles
 from fermix.errors import WriteFailedError
-from fermix.home import Home
+from fermix.home import Home, set_private_file_mode
 from fermix.model import MemoryRow, Revision, check_resource_name
 from fermix.runtime import files
 from fermix.storage import Database, Reads, Writes
@@ -33,6 +47,12 @@ log = logging.getLogger(__name__)
 
 FILE_ATTEMPTS = 3
 """Attempts at replacing a file before a rebuild gives up (a disk hiccup can pass)."""
+SHARED_MARK = ".shared-rows"
+"""The marker in ``memory/<agent_id>/`` replaced whenever rebuilds of that agent's owners
+are queued (M6): a compose in any process then checks the owner's files against the rows."""
+
+Pair = tuple[str, str]
+_UNSEEN = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +125,14 @@ class PromptFiles:
         self._db = db
         self._locks = files.PairLocks()
         self._cache = files.FileCache()
-        self._seen: set[tuple[str, str]] = set()
+        self._state = threading.Condition()
+        self._seen: dict[Pair, object] = {}
+        """Each pair composed, and the agent's marker when its files were last checked."""
+        self._later: dict[Pair, str] = {}
+        """Rebuilds queued (M6), oldest first, with their reason."""
+        self._running = 0
+        self._thread: threading.Thread | None = None
+        self._failed: set[str] = set()
 
     # -- reading ----------------------------------------------------------------------
 
@@ -114,14 +141,32 @@ class PromptFiles:
 
         An owner seen for the first time gets its files rendered first: rebuilds after a
         memory write cover the owners that already have files, and a new owner (a new
-        guest, say) must still see the agent's shared rows.
+        guest, say) must still see the agent's shared rows. An owner whose rebuild is
+        queued here is rebuilt now; when another process queued rebuilds of this agent
+        (its marker changed), the files are checked against the rows and rebuilt if they
+        lag (M6). Otherwise the files are read through the cache, with no database read.
         """
+        files.check_ids(agent_id, owner_id)
+        mark = _read_mark(files.prompt_dir(self.home, agent_id))
         pair = (agent_id, owner_id)
-        if pair not in self._seen:
-            if not any(p.exists() for p in files.paths(self.home, agent_id, owner_id)):
-                self.rebuild(agent_id, owner_id)
-            self._seen.add(pair)
+        with self._state:
+            reason = self._later.pop(pair, None)
+            seen = self._seen.get(pair, _UNSEEN)
+        if reason is not None:
+            self._rebuild_queued(pair, reason)
+        elif seen is _UNSEEN and not any(
+            p.exists() for p in files.paths(self.home, agent_id, owner_id)
+        ):
+            self.rebuild(agent_id, owner_id)
+        elif seen != mark and mark is not None and self._pair_lags(agent_id, owner_id):
+            self.rebuild(agent_id, owner_id, reason="repair")
+        with self._state:
+            self._seen[pair] = mark
         return self._cache.texts(self.home, agent_id, owner_id)
+
+    def _pair_lags(self, agent_id: str, owner_id: str) -> bool:
+        with self._db.read() as reads:
+            return self._lags(reads, agent_id, owner_id)
 
     # -- rebuilding -------------------------------------------------------------------
 
@@ -178,6 +223,7 @@ class PromptFiles:
         *,
         reason: str = "rebuild",
         also: Iterable[tuple[str, str]] = (),
+        defer_shared: bool = False,
     ) -> list[RebuildResult]:
         """Rebuild every prompt file the written ``rows`` may show in (after a write, C5).
 
@@ -186,6 +232,10 @@ class PromptFiles:
         owner. Rows count as they are now or were before the write: archiving one must take
         it out of the files. ``also`` names more (agent, owner) pairs to rebuild when any
         row was written (a conversation's owner who has no files yet).
+
+        ``defer_shared`` (M6): of a shared row's agent, only the owner ``""`` and the pairs
+        rebuilt anyway (``also``, owners of the other rows) are rebuilt now; every other
+        owner's rebuild is queued (:meth:`defer`). The results are those done now.
         """
         rows = list(rows)
         everyone: set[str] = set()
@@ -199,14 +249,107 @@ class PromptFiles:
         if rows:
             single.update(also)
         results = []
+        later: list[Pair] = []
         for agent_id in sorted(everyone):
-            if _has_files(agent_id, ""):
+            if not _has_files(agent_id, ""):
+                continue
+            if not defer_shared:
                 results += self.rebuild_agent(agent_id, reason=reason)
+                continue
+            single.add((agent_id, ""))
+            with self._db.read() as reads:
+                owners = reads.memory_owners(agent_id)
+            later += [(agent_id, o) for o in owners if (agent_id, o) not in single]
         done = {(r.agent_id, r.owner_id) for r in results}
         for agent_id, owner_id in sorted(single - done):
             if _has_files(agent_id, owner_id):
                 results.append(self.rebuild(agent_id, owner_id, reason=reason))
+        if later:
+            self.defer(later, reason=reason)
         return results
+
+    # -- rebuilds queued for later (M6) ----------------------------------------------
+
+    def defer(self, pairs: Iterable[Pair], *, reason: str = "rebuild") -> int:
+        """Queue rebuilds of ``pairs`` for the background thread; returns how many are new.
+
+        Each agent's marker is replaced so that other processes check those owners' files
+        on their next compose. A pair already queued keeps its place.
+        """
+        pairs = [p for p in pairs if _has_files(*p)]
+        with self._state:
+            fresh = [p for p in pairs if p not in self._later]
+            for pair in fresh:
+                self._later[pair] = reason
+        for agent_id in sorted({a for a, _ in pairs}):
+            try:
+                _write_mark(files.prompt_dir(self.home, agent_id))
+            except OSError as exc:
+                log.warning("marker of %s not written: %s", agent_id, exc)
+        if fresh:
+            self._start_thread()
+        return len(fresh)
+
+    @property
+    def queued(self) -> int:
+        """Rebuilds queued or running."""
+        with self._state:
+            return len(self._later) + self._running
+
+    def settle(self) -> int:
+        """Run every queued rebuild on this thread, wait for the background thread's
+        current one, and return how many this call ran."""
+        ran = 0
+        while True:
+            with self._state:
+                if not self._later:
+                    self._state.wait_for(lambda: self._running == 0)
+                    return ran
+                pair, reason = next(iter(self._later.items()))
+                del self._later[pair]
+            self._rebuild_queued(pair, reason)
+            ran += 1
+
+    def take_failed_agents(self) -> set[str]:
+        """The agents whose queued rebuild failed since the last call (for a repair)."""
+        with self._state:
+            failed, self._failed = self._failed, set()
+        return failed
+
+    def _start_thread(self) -> None:
+        with self._state:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._drain, name="fermix-prompt-files", daemon=True
+            )
+            self._thread.start()
+
+    def _drain(self) -> None:
+        """The background thread: run queued rebuilds, one at a time, until none is left."""
+        while True:
+            with self._state:
+                if not self._later:
+                    self._thread = None
+                    return
+                pair, reason = next(iter(self._later.items()))
+                del self._later[pair]
+            self._rebuild_queued(pair, reason)
+
+    def _rebuild_queued(self, pair: Pair, reason: str) -> None:
+        """Run one queued rebuild; a failure is logged and left to a repair, never raised."""
+        with self._state:
+            self._running += 1
+        try:
+            self.rebuild(*pair, reason=reason)
+        except Exception as exc:  # noqa: BLE001 - a background rebuild must not die: S1
+            log.warning("prompt files of %s/%r not rebuilt, left to a repair: %s", *pair, exc)
+            with self._state:
+                self._failed.add(pair[0])
+        finally:
+            with self._state:
+                self._running -= 1
+                self._state.notify_all()
 
     def rollback(self, agent_id: str, name: str, revision: int, owner_id: str = "") -> FileResult:
         """Write revision ``revision`` of ``name`` back to its file and record it (P2).
@@ -307,6 +450,26 @@ def _record(
     if latest is None and content == "":
         return None
     return writes.record_revision(agent_id, spec.name, content, reason=reason, owner_id=owner_id)
+
+
+def _read_mark(folder: Path) -> bytes | None:
+    """The content of ``folder``'s :data:`SHARED_MARK`, or None when it has none."""
+    return files.read_bytes(folder / SHARED_MARK)
+
+
+def _write_mark(folder: Path) -> None:
+    """Replace ``folder``'s :data:`SHARED_MARK` with new content (temp file and rename, not
+    fsynced: a lost marker only means a compose reads files the next start repairs)."""
+    files.make_private_dir(folder)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{SHARED_MARK}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            set_private_file_mode(fh.fileno())
+            fh.write(uuid.uuid4().hex.encode())
+        os.replace(tmp, folder / SHARED_MARK)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _has_files(agent_id: str, owner_id: str) -> bool:

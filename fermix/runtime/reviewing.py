@@ -1,13 +1,15 @@
 """``Reviewing``: the background memory review ("dreaming") as a use case (E1-E6, E10, SC3).
 
 One :meth:`Reviewing.review` goes from gate to prompt files: the gate, a claim in SQLite
-(checked again under the write lock), the new user messages and the rows this review may
-touch, one model call, parse, admission, then one write unit that applies the admitted
-operations and finishes the claim, after which the writer rebuilds the prompt files those
-rows show in. The rules are in :mod:`fermix.core.review`, ``review_answer`` and
-``review_admission``; storage is reached only through read and write sessions. The
-:class:`~fermix.actors.reviewer.Reviewer` actor runs reviews one at a time off the host's
-path; ``fermix memory review --now`` calls the same object.
+(checked again under the write lock), the oldest unreviewed user messages that fit one
+review (M5) and the rows this review may touch that fit its budget (M6), one model call,
+parse, admission, then one write unit that applies the admitted operations, moves the
+cursor past the messages shown and finishes the claim, after which the writer rebuilds the
+prompt files of this conversation's owner (every other owner's later, M6). The rules are in
+:mod:`fermix.core.review`, ``review_answer`` and ``review_admission``; storage is reached
+only through read and write sessions. The :class:`~fermix.actors.reviewer.Reviewer` actor
+runs reviews one at a time off the host's path; ``fermix memory review --now`` calls the
+same object.
 """
 
 from __future__ import annotations
@@ -33,24 +35,66 @@ AGENT_TAG = "memory_reviewer"
 """How the review's model calls are tagged in litellm's metadata and the ``fermix.llm`` log."""
 
 
-def shown_rows(reads: Reads, state: ConversationState) -> list[MemoryRow]:
-    """The rows a review of this conversation may see and touch (E3, SC3).
+NEWEST_ROWS = 200
+"""Most recently updated rows a review's row selection considers (M6)."""
+RELEVANT_ROWS = 200
+"""Rows matching the messages' words a review's row selection considers (M6)."""
+
+
+def _places(state: ConversationState) -> list[tuple[str, model.Scope]]:
+    """The (owner, scope) pairs a review of this conversation may see and touch (SC3).
 
     The owner's profile rows, and the agent's working-knowledge rows this conversation may
     change: the shared ones for an operator conversation, the owner's own for a guest.
     """
     agent_owner = "" if state.trust == "operator" else state.owner_id
-    profile = reads.rows(
+    return [
+        (state.owner_id, categories.owner_scope(state.owner_id)),
+        (agent_owner, categories.agent_scope(state.agent_id)),
+    ]
+
+
+def shown_rows(
+    reads: Reads,
+    state: ConversationState,
+    messages: Sequence[model.Message] | None = None,
+    *,
+    token_budget: int | None = None,
+    model_name: str | None = None,
+) -> list[MemoryRow]:
+    """The rows a review of this conversation is shown, by id (E3, SC3, M6).
+
+    Only rows of the places it may touch (:func:`_places`). With ``messages`` and a
+    ``token_budget``: those most related to the messages (full-text search over the rows
+    of those places) and the newest, taken in turn until the budget is spent
+    (:func:`fermix.core.review.pick_rows`). Without: every row of those places.
+    """
+    places = _places(state)
+    if messages is None or token_budget is None:
+        rows = [
+            row
+            for owner_id, scope in places
+            for row in reads.rows(agent_id=state.agent_id, owner_id=owner_id, scopes=[scope])
+        ]
+        return sorted(rows, key=lambda r: r.id)
+    relevant = reads.relevant_rows(
+        [m.content for m in messages],
         agent_id=state.agent_id,
-        owner_id=state.owner_id,
-        scopes=[categories.owner_scope(state.owner_id)],
+        places=places,
+        limit=RELEVANT_ROWS,
     )
-    knowledge = reads.rows(
-        agent_id=state.agent_id,
-        owner_id=agent_owner,
-        scopes=[categories.agent_scope(state.agent_id)],
-    )
-    return sorted(profile + knowledge, key=lambda r: r.id)
+    newest = sorted(
+        (
+            row
+            for owner_id, scope in places
+            for row in reads.rows(
+                agent_id=state.agent_id, owner_id=owner_id, scopes=[scope], limit=NEWEST_ROWS
+            )
+        ),
+        key=lambda r: (r.updated_at, r.id),
+        reverse=True,
+    )[:NEWEST_ROWS]
+    return review.pick_rows(relevant, newest, token_budget=token_budget, model=model_name)
 
 
 class Reviewing:
@@ -64,11 +108,14 @@ class Reviewing:
         *,
         clock: Callable[[], int] = now_ms,
         route: llm.Route | None = None,
+        defer_other_owners: bool = True,
     ) -> None:
         self._config = config
         self._db = db
         self._writer = writer
         self._clock = clock
+        self._defer = defer_other_owners
+        """Whether a shared row's other owners get their files later (M6; False: at once)."""
         self.route = route if route is not None else llm.Route.from_config(config.model)
         """The agent's route: the configured primary and fallbacks (E4)."""
 
@@ -86,7 +133,11 @@ class Reviewing:
     # -- the sweep (E1) ------------------------------------------------------------------
 
     def due(self) -> list[ConversationKey]:
-        """Conversations with new user messages whose review interval has passed."""
+        """Conversations with new user messages whose review interval has passed.
+
+        A conversation whose last review left part of its backlog is due at once: that
+        review kept its last complete review's time (M5, see :meth:`_finish`).
+        """
         cfg = self._config.memory
         if cfg.review_interval_hours == 0:
             return []
@@ -111,6 +162,12 @@ class Reviewing:
     def review(self, key: ConversationKey, *, force: bool = False) -> ReviewResult:
         """Review ``key`` if its gates allow (``force``: past the interval and backoff).
 
+        One review takes the oldest unreviewed user messages that fit its limits and
+        moves the cursor past them only (M5); what is left is due again at once, for the
+        sweep or the next dispatch. A forced review (``--now``, ``Memory.review``) goes on
+        until the user messages there were when it started are all reviewed, or one
+        review fails, and returns once every prompt file its rows show in is rebuilt.
+
         Never raises for a model or output failure (recorded for the backoff and returned
         as ``failed``); raises :class:`~fermix.errors.FermixError` when the database fails,
         after recording the failure if it can. Prompt files a failed rebuild of this process
@@ -118,11 +175,29 @@ class Reviewing:
         """
         if self._writer.has_stale_files:
             self._writer.repair_files()
+        result, newest = self._review_once(key, force=force)
+        if not force:
+            return result
+        while result.status in ("applied", "nothing") and result.left > 0:
+            later, _ = self._review_once(key, force=True, up_to=newest)
+            if later.status == "skipped":
+                break
+            result = result.followed_by(later)
+        self._writer.files.settle()
+        return result
+
+    def _review_once(
+        self, key: ConversationKey, *, force: bool, up_to: int | None = None
+    ) -> tuple[ReviewResult, int]:
+        """One review of ``key`` (of messages up to ``up_to`` when given), and the newest
+        user message it could take."""
         cfg = self._config.memory
         now = self._clock()
         with self._db.read() as reads:
             state = reads.conversation(key)
             newest = reads.newest_user_message_id(key)
+        if up_to is not None:
+            newest = min(newest, up_to)
         skip = review.gate(
             state,
             now_ms=now,
@@ -132,7 +207,7 @@ class Reviewing:
             force=force,
         )
         if skip is not None or state is None:
-            return ReviewResult(key, "skipped", skip=skip or Skip.NO_NEW_MESSAGES)
+            return ReviewResult(key, "skipped", skip=skip or Skip.NO_NEW_MESSAGES), newest
         token = uuid.uuid4().hex
 
         def claim(writes: Writes) -> Skip | None:
@@ -146,9 +221,9 @@ class Reviewing:
 
         lost = self._writer.write(claim, label=f"review claim {key.scope_id}")
         if lost is not None:
-            return ReviewResult(key, "skipped", skip=lost)
+            return ReviewResult(key, "skipped", skip=lost), newest
         try:
-            return self._claimed(state, newest, token)
+            return self._claimed(state, newest, token), newest
         except BaseException:
             self._record_failure(key, token)
             raise
@@ -157,27 +232,60 @@ class Reviewing:
         """The review of ``state`` once this process holds its claim ``token``."""
         key, cfg = state.key, self._config.memory
         with self._db.read() as reads:
-            pending = reads.messages(key, after_id=state.last_reviewed_message_id, role="user")
-            shown = shown_rows(reads, state)
-        packed = review.pack_messages(
-            [m for m in pending if m.id <= newest],
-            max_messages=cfg.review_max_messages,
-            token_budget=cfg.review_input_token_budget,
-            model=self.route.primary,
+            # The claim is checked again under the write lock: the cursor read here is the
+            # one this review moves on from (another review finishing meanwhile lost it).
+            fresh = reads.conversation(key) or state
+            waiting, count = reads.review_backlog(
+                key,
+                after_id=fresh.last_reviewed_message_id,
+                up_to=newest,
+                limit=cfg.review_max_messages,
+            )
+            packed = review.pack_backlog(
+                waiting,
+                max_messages=cfg.review_max_messages,
+                token_budget=cfg.review_input_token_budget,
+                model=self.route.primary,
+            )
+            shown = shown_rows(
+                reads,
+                state,
+                packed.messages,
+                token_budget=cfg.review_rows_token_budget,
+                model_name=self.route.primary,
+            )
+        messages = packed.messages
+        result = ReviewResult(
+            key,
+            "nothing",
+            messages=len(messages),
+            left=count - len(messages),
+            truncated=packed.truncated,
+            reviews=1,
+            shown=len(shown),
         )
-        result = ReviewResult(key, "nothing", messages=len(packed))
-        if not packed:
-            # Every new message is larger than the whole input budget: nothing to show a model.
+        if not messages:
+            # The messages the gate saw are gone (deleted from outside): nothing to show.
             self._writer.write(
-                lambda writes: self._finish(writes, key, token, newest),
+                lambda writes: self._finish(writes, key, token, newest, caught_up=True),
                 label=f"review of {key.scope_id}",
             )
-            log.info("review of %s: no message fits the input budget", key.scope_id)
+            result.reviews = 0
             return result
+        if packed.truncated:
+            log.info(
+                "review of %s: message %d is larger than the input budget (%d tokens);"
+                " the model is shown its start",
+                key.scope_id,
+                messages[0].id,
+                cfg.review_input_token_budget,
+            )
+        last = messages[-1].id
+        caught_up = result.left == 0
         try:
             answer = llm.complete(
                 self.route,
-                review.build_prompt(packed, shown),
+                review.build_prompt(messages, shown),
                 agent=AGENT_TAG,
                 response_format=review_answer.RESPONSE_SCHEMA,
                 metadata={"conversation": key.scope_id, "agent_id": key.agent_id},
@@ -189,25 +297,33 @@ class Reviewing:
             self._record_failure(key, token)
             result.status, result.error = "failed", str(exc)
             result.tried = getattr(exc, "tried", result.tried)
+            result.messages, result.left = 0, count  # nothing was marked reviewed
             return result
         admission = review_admission.admit(operations, shown=shown, trust=state.trust)
         for refusal in admission.refused:
             log.info("review of %s refused %s: %s", key.scope_id, refusal.operation, refusal.reason)
         result.refused = [f"{r.operation.op}: {r.reason}" for r in admission.refused]
-        source_message = packed[-1].id
 
         def apply(writes: Writes) -> list[MemoryRow]:
-            written = _apply(writes, state, admission.admitted, source_message)
-            self._finish(writes, key, token, newest)
+            written = _apply(writes, state, admission.admitted, last)
+            self._finish(writes, key, token, last, caught_up=caught_up)
             return written
 
         # A shared row reaches every owner that has files already; this owner may have none.
+        # This owner's files are rebuilt at once, every other owner's later (M6).
         rows = self._writer.write_rows(
             apply,
             label=f"review of {key.scope_id}",
             reason="review",
             also=[(state.agent_id, state.owner_id)],
+            defer_shared=self._defer,
         )
+        if not caught_up:
+            log.info(
+                "review of %s: %d user message(s) left for the next review",
+                key.scope_id,
+                result.left,
+            )
         for op in admission.admitted:
             if op.op == "add":
                 result.added += 1
@@ -222,10 +338,20 @@ class Reviewing:
         result.files_changed, result.error = rows.files_changed, rows.error
         return result
 
-    def _finish(self, writes: Writes, key: ConversationKey, token: str, newest: int) -> None:
-        """Mark the messages up to ``newest`` reviewed and release the claim."""
-        if not writes.finish_review(key, token=token, now=self._clock(), last_message_id=newest):
+    def _finish(
+        self, writes: Writes, key: ConversationKey, token: str, last: int, *, caught_up: bool
+    ) -> None:
+        """Mark the user messages up to ``last`` reviewed and release the claim (M5).
+
+        A review that left part of the backlog keeps the time of the last review that
+        caught up (none, for a conversation never caught up): the interval counts from
+        there, so the rest is due at once.
+        """
+        before = writes.conversation(key)
+        if not writes.finish_review(key, token=token, now=self._clock(), last_message_id=last):
             raise FermixError("the review claim expired before the review finished")
+        if not caught_up and before is not None:
+            writes.update_conversation(key, last_reviewed_at=before.last_reviewed_at)
 
     def _record_failure(self, key: ConversationKey, token: str) -> None:
         """Start the failure backoff and release the claim; logged if that fails too."""

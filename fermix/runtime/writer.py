@@ -8,8 +8,10 @@ compactor, a tool call, the CLI, the doctor):
   faults that can pass), and only then delivered to the conversation's actor, so a cache
   never holds an unwritten message;
 - :meth:`Writer.write_rows` commits a unit that writes memory rows, then rebuilds the
-  prompt files those rows show in (outside the database's write lock); a failed rebuild
-  leaves the rows committed and the files to :meth:`Writer.repair_files`;
+  prompt files those rows show in (outside the database's write lock; with
+  ``defer_shared``, a shared row's other owners are queued for the prompt files'
+  background thread instead, M6); a failed rebuild leaves the rows committed and the files
+  to :meth:`Writer.repair_files`;
 - :meth:`Writer.write` commits any other unit (conversation state, claims, jobs).
 """
 
@@ -103,19 +105,25 @@ class Writer:
         label: str,
         reason: str = "rebuild",
         also: Iterable[tuple[str, str]] = (),
+        defer_shared: bool = False,
     ) -> RowsWritten:
         """Commit ``unit``, which returns the rows it wrote (as before and after), then
         rebuild every prompt file those rows show in (E6, C5).
 
-        ``also`` names (agent, owner) pairs rebuilt too when any row was written. A rebuild
-        that fails is logged and left to :meth:`repair_files`: the files are derived (S1).
+        ``also`` names (agent, owner) pairs rebuilt too when any row was written. With
+        ``defer_shared`` (M6), a shared row's agent has only its owner ``""`` and the pairs
+        of ``also`` rebuilt now; its other owners are queued for the background thread of
+        :attr:`files` (and rebuilt first if one composes meanwhile). A rebuild that fails
+        is logged and left to :meth:`repair_files`: the files are derived (S1).
         """
         rows = list(self._db.write(unit, label=label))
         written = RowsWritten(rows)
         if not rows:
             return written
         try:
-            written.files = self.files.rebuild_for_rows(rows, reason=reason, also=also)
+            written.files = self.files.rebuild_for_rows(
+                rows, reason=reason, also=also, defer_shared=defer_shared
+            )
         except (FermixError, OSError) as exc:
             log.error("%s: prompt files not rebuilt: %s", label, exc)
             with self._stale_lock:
@@ -126,7 +134,10 @@ class Writer:
     @property
     def has_stale_files(self) -> bool:
         """Whether a rebuild of this process failed and awaits :meth:`repair_files`."""
-        return bool(self._stale_agents)
+        failed = self.files.take_failed_agents()
+        with self._stale_lock:
+            self._stale_agents |= failed
+            return bool(self._stale_agents)
 
     def repair_files(self, *, every_agent: bool = False) -> int:
         """Render again the prompt files that lag their rows; returns how many pairs.

@@ -195,6 +195,23 @@ def newest_user_message_id(conn: apsw.Connection, key: ConversationKey) -> int:
     return int(value or 0)
 
 
+def review_backlog(
+    conn: apsw.Connection, key: ConversationKey, *, after_id: int, up_to: int, limit: int
+) -> tuple[list[Message], int]:
+    """The first ``limit`` user messages of ``key`` with ids in ``(after_id, up_to]``, in id
+    order, and how many there are in all: what a review takes next, and its backlog (M5).
+
+    In id order, not by time: the review's cursor is an id, so a message stored with an
+    older clock must not fall behind it.
+    """
+    where = f"{_WHERE_KEY} AND role = 'user' AND id > ? AND id <= ?"
+    params = (*key.as_tuple(), after_id, up_to)
+    sql = f"SELECT {messages._COLUMNS} FROM messages WHERE {where} ORDER BY id LIMIT ?"
+    rows = [messages._row(r) for r in fetch_rows(conn, sql, (*params, limit))]
+    total = int(fetch_value(conn, f"SELECT count(*) FROM messages WHERE {where}", params))
+    return rows, total
+
+
 def claim_review(
     conn: apsw.Connection, key: ConversationKey, *, token: str, now: int, ttl_ms: int
 ) -> bool:

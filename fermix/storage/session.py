@@ -69,6 +69,7 @@ class Reads:
     window_since = _Op(_conversations.window_since)
     newest_user_message_id = _Op(_conversations.newest_user_message_id)
     with_new_user_messages = _Op(_conversations.with_new_user_messages)
+    review_backlog = _Op(_conversations.review_backlog)
 
     # messages
     message = _Op(_messages.get)
@@ -82,6 +83,7 @@ class Reads:
     row_by_key = _Op(_memories.get_by_key)
     rows = _Op(_memories.list_rows)
     search_rows = _Op(_memories.search)
+    relevant_rows = _Op(_memories.relevant)
     memory_version = _Op(_memories.change_counter)
     memory_agents = _Op(_memories.agents)
     memory_owners = _Op(_memories.owners)

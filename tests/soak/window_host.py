@@ -29,7 +29,7 @@ from fermix.errors import FermixError
 
 AGENT = "fresh"
 CHAT = "shared"
-CONTEXT_WINDOW = 600
+CONTEXT_WINDOW = 400
 """Small, so that a forced compaction of a few short messages summarizes some of them."""
 
 
