@@ -154,13 +154,19 @@ class Memory:
         thread_scope: str = "",
         *,
         owner_id: str = "",
-        trust: str = "operator",
+        trust: str | None = None,
     ) -> Conversation:
-        """A handle on one conversation; cheap, and safe to create on every turn."""
+        """A handle on one conversation; cheap, and safe to create on every turn.
+
+        ``trust`` is ``"operator"`` or ``"guest"``. Not given, it is ``guest`` unless the
+        config names ``owner_id`` in ``[fermix_core.security] operators`` (M2): being the
+        operator is explicit. In a group chat, record each speaker with
+        ``conv.append_user(text, owner_id=..., trust=...)`` (M1).
+        """
         self._runtime.check_running()
-        check_trust(trust)
         key = ConversationKey(agent_id, channel, chat_id, thread_scope)
         validate.identifier("owner_id", owner_id, allow_empty=True)
+        trust = self.config.trust_of(owner_id) if trust is None else check_trust(trust)
         return Conversation(self._runtime, key, owner_id=owner_id, trust=trust)
 
     def review(self, conv: Conversation, *, force: bool = True) -> ReviewResult:
@@ -259,13 +265,13 @@ class Memory:
         text: str,
         *,
         owner_id: str = "",
-        trust: str = "operator",
+        trust: str | None = None,
     ) -> Message | None:
         """Store a final voice transcript when ``persist_transcripts`` is on; else None.
 
         Stored as ``kind = voice_turn`` in the device's ``realtime`` conversation with
         ``source_type = "realtime"`` in its metadata; user turns reach the reviewer like
-        chat messages (V1).
+        chat messages (V1). ``trust`` defaults as in :meth:`conversation` (a guest, M2).
         """
         if role not in ("user", "assistant"):
             raise InvalidInputError(f"a transcript's role is user or assistant, not {role!r}")

@@ -158,6 +158,19 @@ class RealtimeConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """``[fermix_core.security]``: who is the operator (M2)."""
+
+    operators: tuple[str, ...] = _key(
+        (),
+        _TEXTS,
+        "Owner ids whose conversations and messages are operator's when no trust is given;"
+        " everyone else is a guest (M2).",
+        ["me"],
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     """Every section of ``config.toml``; ``Config()`` is all defaults."""
 
@@ -165,6 +178,12 @@ class Config:
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+
+    def trust_of(self, owner_id: str) -> str:
+        """The trust of ``owner_id`` when none is given: ``operator`` only for an owner
+        named in ``[fermix_core.security] operators``, else ``guest`` (M2)."""
+        return "operator" if owner_id and owner_id in self.security.operators else "guest"
 
 
 SECTIONS: Mapping[str, type[Any]] = {
@@ -172,6 +191,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "compaction": CompactionConfig,
     "model": ModelConfig,
     "realtime": RealtimeConfig,
+    "security": SecurityConfig,
 }
 """Each ``[fermix_core.<name>]`` table and the dataclass it loads into (a field of Config)."""
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fermix import validate
 from fermix.core import commands, composer
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, ConversationState, Message, NewMessage
+from fermix.model import ConversationKey, ConversationState, Message, NewMessage, check_trust
 from fermix.runtime.engine import Runtime
 
 
@@ -36,24 +37,66 @@ class Conversation:
         kind: str = "chat",
         metadata: Mapping[str, Any] | None = None,
         peak_prompt_tokens: int | None = None,
+        owner_id: str | None = None,
+        trust: str | None = None,
     ) -> Message:
-        """Store a message; returns once it is committed in SQLite (A1)."""
+        """Store a message; returns once it is committed in SQLite (A1).
+
+        ``owner_id`` and ``trust`` are its author's (M1), the conversation's by default.
+        """
+        author, author_trust = self._author(owner_id, trust)
         new = NewMessage(
             self.key,
             role,
             text,
-            owner_id=self.owner_id,
+            owner_id=author,
             sender=sender,
             kind=kind,
             metadata=dict(metadata or {}),
+            trust=author_trust,
         )
-        return self._runtime.append(new, trust=self.trust, peak_prompt_tokens=peak_prompt_tokens)
+        return self._runtime.append(
+            new, trust=self.trust, peak_prompt_tokens=peak_prompt_tokens, owner_id=self.owner_id
+        )
 
     def append_user(
-        self, text: str, *, sender: str = "", metadata: Mapping[str, Any] | None = None
+        self,
+        text: str,
+        *,
+        sender: str = "",
+        metadata: Mapping[str, Any] | None = None,
+        owner_id: str | None = None,
+        trust: str | None = None,
     ) -> Message:
-        """Store what the user said."""
-        return self.append("user", text, sender=sender or self.owner_id, metadata=metadata)
+        """Store what a user said, recording who said it and with what trust (M1).
+
+        In a group chat, pass each speaker's ``owner_id`` (and ``trust``): a review then
+        files each fact under the person who said it and admits it with that person's
+        trust, whoever else spoke. ``owner_id`` defaults to the conversation's owner;
+        ``trust`` to the conversation's trust for that owner, and for another owner to
+        ``operator`` only when the config names it in ``[fermix_core.security] operators``
+        (else ``guest``, M2).
+        """
+        author, author_trust = self._author(owner_id, trust)
+        return self.append(
+            "user",
+            text,
+            sender=sender or author,
+            metadata=metadata,
+            owner_id=author,
+            trust=author_trust,
+        )
+
+    def _author(self, owner_id: str | None, trust: str | None) -> tuple[str, str]:
+        """Who wrote a message and at what trust: the conversation's unless given (M1, M2)."""
+        if owner_id is None or owner_id == self.owner_id:
+            author = self.owner_id
+            default = self.trust
+        else:
+            validate.identifier("owner_id", owner_id, allow_empty=True)
+            author = owner_id
+            default = self._runtime.config.trust_of(owner_id)
+        return author, check_trust(default if trust is None else trust)
 
     def append_assistant(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> Message:
         """Store what the assistant said (``commit`` also dispatches post-delivery work)."""

@@ -8,6 +8,7 @@ written. Nothing here does I/O.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -92,6 +93,14 @@ class ConversationKey:
         return (self.agent_id, self.channel, self.chat_id, self.thread_scope)
 
 
+@functools.lru_cache(maxsize=4096)
+def _known_key(agent_id: str, channel: str, chat_id: str, thread_scope: str) -> ConversationKey:
+    """``ConversationKey(...)``, validated once per distinct key, then the same (frozen)
+    instance again: :attr:`Message.key` asks for the key of every message delivered.
+    A key that fails validation raises every time (errors are not cached)."""
+    return ConversationKey(agent_id, channel, chat_id, thread_scope)
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """One stored message."""
@@ -108,11 +117,13 @@ class Message:
     content: str
     metadata_json: str
     created_at: int
+    trust: str = "guest"
+    """The trust of the message's author (``owner_id``) when it was written (M1)."""
 
     @property
     def key(self) -> ConversationKey:
         """The conversation this message belongs to."""
-        return ConversationKey(self.agent_id, self.channel, self.chat_id, self.thread_scope)
+        return _known_key(self.agent_id, self.channel, self.chat_id, self.thread_scope)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -123,7 +134,11 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class NewMessage:
-    """A message to be inserted; validated on construction so a bad one changes nothing."""
+    """A message to be inserted; validated on construction so a bad one changes nothing.
+
+    ``owner_id`` is who wrote it and ``trust`` that author's trust (M1); ``trust`` None
+    stores the trust its conversation has once the message's append touched it.
+    """
 
     key: ConversationKey
     role: str
@@ -132,10 +147,13 @@ class NewMessage:
     sender: str = ""
     kind: str = "chat"
     metadata: dict[str, Any] = field(default_factory=dict)
+    trust: str | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise InvalidInputError(f"role must be one of {sorted(ROLES)}, not {self.role!r}")
+        if self.trust is not None:
+            check_trust(self.trust)
         validate.text("content", self.content, max_chars=MAX_CONTENT_CHARS)
         validate.identifier("owner_id", self.owner_id, allow_empty=True)
         validate.identifier("sender", self.sender, allow_empty=True)

@@ -243,3 +243,29 @@ BEGIN
      WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
        AND thread_scope = new.thread_scope;
 END;
+
+-- migration 5: who wrote each message, and with what trust (M1, M2)
+-- A message records its author's trust beside its author (owner_id), so a review admits
+-- each fact with the trust of the person who said it, not with the conversation's last
+-- writer's. Backfill: every stored message takes the trust its conversation had when this
+-- migration ran, so a database written before keeps its meaning (a message of a
+-- conversation without a row, which fermix never writes, is a guest's: least privilege).
+-- The backfill moves no window (M4): migration 4's update trigger is set aside for it and
+-- created again, unchanged, in the same transaction.
+ALTER TABLE messages ADD COLUMN trust TEXT NOT NULL DEFAULT 'guest'
+    CHECK (trust IN ('operator', 'guest'));
+DROP TRIGGER messages_window_au;
+UPDATE messages SET trust = 'operator' WHERE EXISTS (
+    SELECT 1 FROM conversations AS c
+     WHERE c.agent_id = messages.agent_id AND c.channel = messages.channel
+       AND c.chat_id = messages.chat_id AND c.thread_scope = messages.thread_scope
+       AND c.trust = 'operator'
+);
+CREATE TRIGGER messages_window_au AFTER UPDATE ON messages BEGIN
+    UPDATE conversations SET window_version = window_version + 1
+     WHERE agent_id = old.agent_id AND channel = old.channel AND chat_id = old.chat_id
+       AND thread_scope = old.thread_scope;
+    UPDATE conversations SET window_version = window_version + 1
+     WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
+       AND thread_scope = new.thread_scope;
+END;

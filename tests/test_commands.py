@@ -176,7 +176,7 @@ def fill(conv: Conversation, turns: int) -> None:
 def test_k4_new_and_clear_start_a_fresh_window_and_keep_everything_stored(
     running: Memory, model_server: ModelServer, text: str
 ) -> None:
-    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
     fill(conv, 5)
     seed_long_term_state(running, conv)
     before = dump(running)
@@ -205,7 +205,7 @@ def test_k4_new_and_clear_start_a_fresh_window_and_keep_everything_stored(
 def test_k4_new_after_a_compaction_drops_the_checkpoint_from_the_window(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
     fill(conv, 30)
     model_server.reply("A summary.")
     assert (conv.handle_command("/compact") or "").startswith("Compacted ")
@@ -217,7 +217,7 @@ def test_k4_new_after_a_compaction_drops_the_checkpoint_from_the_window(
 def test_k4_compact_summarizes_the_window_now_and_keeps_long_term_state(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
     fill(conv, 30)
     seed_long_term_state(running, conv)
     before = dump(running)
@@ -245,7 +245,7 @@ def test_k4_compact_summarizes_the_window_now_and_keeps_long_term_state(
 def test_k4_compact_with_nothing_to_summarize_says_so_and_changes_nothing(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
     fill(conv, 2)
     before = dump(running)
     assert conv.handle_command("/compact") == "Nothing to compact yet."
@@ -256,7 +256,7 @@ def test_k4_compact_with_nothing_to_summarize_says_so_and_changes_nothing(
 def test_k4_a_failed_compact_reports_the_error_and_keeps_the_window(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
     fill(conv, 30)
     window = conv.history()
     model_server.fail(400)
@@ -272,7 +272,7 @@ def test_k4_a_failed_compact_reports_the_error_and_keeps_the_window(
 def test_k4_a_guest_is_refused_and_nothing_in_the_database_changes(
     running: Memory, model_server: ModelServer, text: str, name: str
 ) -> None:
-    operator = running.conversation("agent", "telegram", "1", owner_id="alice")
+    operator = running.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
     seed_long_term_state(running, operator)
     guest = running.conversation("agent", "telegram", "2", owner_id="bob", trust="guest")
     fill(guest, 30)  # enough to compact, were it allowed
@@ -291,7 +291,7 @@ def test_k4_a_guest_is_refused_and_nothing_in_the_database_changes(
 def test_k4_text_that_is_not_a_command_returns_none_and_changes_nothing(
     running: Memory, text: str
 ) -> None:
-    conv = running.conversation("agent", "telegram", "1", owner_id="alice")
+    conv = running.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
     fill(conv, 2)
     before = dump(running)
     assert conv.handle_command(text) is None

@@ -8,6 +8,7 @@ before it lets the gate go. They then commit as one batch on the writer thread.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
@@ -378,3 +379,62 @@ def test_a1_close_waits_for_a_lone_caller_that_is_committing(tmp_path: Path) -> 
     closer.join(WAIT_S)
     assert closed.is_set() and gated.result(WAIT_S) == "gate"
     assert committer.batches == 1
+
+
+def _pages_after_each(committer: Committer, count: int) -> list[int]:
+    """Commit ``count`` messages one by one; the log's pages after each commit."""
+    pages = []
+    for i in range(count):
+        committer.run(_insert(f"m{i}"))
+        pages.append(committer._wal_pages)
+    return pages
+
+
+def test_a1_s8_no_commit_checkpoints_the_log_before_the_inline_threshold(
+    tmp_path: Path,
+) -> None:
+    # SQLite's own auto-checkpoint (at 1,000 pages, inside the COMMIT) is replaced: with the
+    # background checkpointer held back, the log grows past it and nothing copies it back.
+    committer = Committer(open_database(tmp_path / "memory.db"), inline_pages=10**9)
+    assert committer._checkpointer is not None
+    asked: list[None] = []
+    committer._checkpointer.request = lambda: asked.append(None)  # type: ignore[method-assign]
+    pages = _pages_after_each(committer, 300)
+    committer.close()
+    assert pages == sorted(pages) and pages[-1] > 1000  # never started over: no checkpoint
+    assert len(asked) >= pages[-1] // 1000  # the background was asked every 1,000 pages
+    assert len(_stored(tmp_path)) == 300
+
+
+def test_s8_past_the_inline_threshold_the_committing_party_checkpoints_and_the_log_restarts(
+    tmp_path: Path,
+) -> None:
+    committer = Committer(
+        open_database(tmp_path / "memory.db"), checkpoint_pages=16, inline_pages=64
+    )
+    assert committer._checkpointer is not None
+    committer._checkpointer.request = lambda: None  # type: ignore[method-assign]
+    pages = _pages_after_each(committer, 100)
+    committer.close()
+    per_commit = max(b - a for a, b in itertools.pairwise(pages) if b > a)
+    assert max(pages) < 64 + per_commit  # bounded: checkpointed once past 64 pages
+    assert any(b < a for a, b in itertools.pairwise(pages))  # and the log started over
+    assert _stored(tmp_path) == [f"m{i}" for i in range(100)]
+
+
+def test_a1_s8_the_background_checkpointer_copies_the_log_and_stops_at_close(
+    tmp_path: Path,
+) -> None:
+    committer = Committer(open_database(tmp_path / "memory.db"), checkpoint_pages=16)
+    checkpointer = committer._checkpointer
+    assert checkpointer is not None
+    _pages_after_each(committer, 50)
+    committer.close()
+    assert checkpointer.checkpoints >= 1
+    assert checkpointer._thread is not None and not checkpointer._thread.is_alive()
+    assert _stored(tmp_path) == [f"m{i}" for i in range(50)]
+    conn = apsw.Connection(str(tmp_path / "memory.db"))  # the log was folded in at close
+    try:
+        assert conn.execute("SELECT count(*) FROM messages").fetchall()[0][0] == 50
+    finally:
+        conn.close()

@@ -648,7 +648,7 @@ def test_k3_preflight_on_a_cold_conversation_returns_none_without_calling_the_mo
 ) -> None:
     never_written = running.conversation("agent", "cli", "new", owner_id="alice")
     assert never_written.preflight() is None
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
+    conv = running.conversation("agent", "cli", "1", owner_id="alice", trust="operator")
     fill(conv, 30)  # far over the budget, but no turn has recorded a peak yet
     assert conv.state().peak_prompt_tokens is None  # type: ignore[union-attr]
     assert conv.preflight() is None
@@ -659,7 +659,7 @@ def test_k3_preflight_on_a_cold_conversation_returns_none_without_calling_the_mo
 def test_k3_preflight_under_the_threshold_returns_none_without_calling_the_model(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
+    conv = running.conversation("agent", "cli", "1", owner_id="alice", trust="operator")
     fill(conv, 30)
     conv.append("assistant", "a reply", peak_prompt_tokens=THRESHOLD_TOKENS - 1)
     assert conv.preflight() is None
@@ -670,7 +670,7 @@ def test_k3_preflight_under_the_threshold_returns_none_without_calling_the_model
 def test_k3_k5_preflight_over_the_peak_compacts_notices_once_and_recall_finds_the_old(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
+    conv = running.conversation("agent", "cli", "1", owner_id="alice", trust="operator")
     originals = fill(conv, 30)
     # the previous turn's peak, recorded by a host that stopped before post-delivery work
     conv.append("assistant", "the last reply", peak_prompt_tokens=THRESHOLD_TOKENS)
@@ -700,7 +700,7 @@ def test_k3_k5_preflight_over_the_peak_compacts_notices_once_and_recall_finds_th
 def test_k1_k3_a_turn_over_the_threshold_compacts_after_delivery_in_the_background(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
+    conv = running.conversation("agent", "cli", "1", owner_id="alice", trust="operator")
     fill(conv, 30)
     conv.append_user("marker900u one more question")
     conv.commit("an answer under the threshold", usage={"prompt_tokens": THRESHOLD_TOKENS - 1})
@@ -726,7 +726,7 @@ def test_k1_k3_a_turn_over_the_threshold_compacts_after_delivery_in_the_backgrou
 def test_k4_the_failure_backoff_does_not_hold_back_slash_compact(
     running: Memory, model_server: ModelServer
 ) -> None:
-    conv = running.conversation("agent", "cli", "1", owner_id="alice")
+    conv = running.conversation("agent", "cli", "1", owner_id="alice", trust="operator")
     fill(conv, 30)
     conv.append("assistant", "last", peak_prompt_tokens=THRESHOLD_TOKENS)
     model_server.fail(500)
@@ -741,7 +741,7 @@ def test_k2_disabled_compaction_never_compacts_after_delivery_but_slash_compact_
     start_memory: StartMemory, model_server: ModelServer
 ) -> None:
     memory = start_memory(small_window(model_server, enabled=False))
-    conv = memory.conversation("agent", "cli", "1", owner_id="alice")
+    conv = memory.conversation("agent", "cli", "1", owner_id="alice", trust="operator")
     fill(conv, 30)
     conv.append_user("marker900u a question")
     conv.commit("far over the threshold", usage={"prompt_tokens": WINDOW})

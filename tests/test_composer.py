@@ -66,9 +66,31 @@ def message(i: int, role: str, content: str, kind: str = "chat", **meta: Any) ->
     return Message(i, "bot", "", "cli", "1", "", "", role, kind, content, json.dumps(meta), i)
 
 
+def assert_rules_hold(messages: list[dict[str, Any]]) -> str | None:
+    """The standing-rules part, when there is one, is messages[1]: one block opened then
+    closed, nothing after it, no tag or invisible inside; returns what is inside (M11)."""
+    rules = [m for m in messages if composer.RULES_OPEN in m["content"]]
+    if not rules:
+        return None
+    assert rules == [messages[1]] and messages[1]["role"] == "system"
+    text = messages[1]["content"]
+    head = composer.RULES_LABEL + "\n" + composer.RULES_OPEN + "\n"
+    assert text.startswith(head) and text.endswith("\n" + composer.RULES_CLOSE)
+    assert text.count(composer.RULES_OPEN) == 1 and text.count(composer.RULES_CLOSE) == 1
+    inside = text[len(head) : -len(composer.RULES_CLOSE) - 1]
+    assert "<" not in inside and ">" not in inside and "\uff1c" not in inside
+    assert not INVISIBLE.search(inside)
+    assert not re.search(r"[\x00-\x09\x0b-\x1f\x7f]", inside)
+    assert not FENCE_TAG.search(text)
+    return inside
+
+
 def assert_fence_holds(messages: list[dict[str, Any]]) -> str:
-    """Exactly one fence, opened then closed, nothing after it; returns what is inside."""
-    block = messages[1]
+    """Exactly one fence, opened then closed, nothing after it; returns what is inside.
+
+    The memory block follows the standing-rules part when there is one (M11).
+    """
+    block = messages[2 if assert_rules_hold(messages) is not None else 1]
     assert block["role"] == "system"
     text = block["content"]
     assert text.count(FENCE_OPEN) == 1 and text.count(FENCE_CLOSE) == 1
@@ -102,9 +124,12 @@ def test_t5_a_hostile_stored_value_cannot_close_or_open_the_fence(value: str) ->
     user_md, memory_md = render.render_files(rows, agent_id="bot", owner_id="")
     messages = compose("You are a helpful assistant.", user_md, memory_md, [])
     inside = assert_fence_holds(messages)
-    for line in inside.splitlines():
+    rules = assert_rules_hold(messages)
+    assert rules is not None  # the directive row is an operator's rule (M11)
+    for line in inside.splitlines() + rules.splitlines():
         assert not line.startswith(("- #", "- <", "- `", "SYSTEM", "Human", "###"))
-    assert len(messages) == 2
+    assert all(line.startswith("- ") for line in rules.splitlines())
+    assert len(messages) == 3
 
 
 @pytest.mark.parametrize("value", HOSTILE, ids=lambda v: repr(v[:40]))

@@ -324,7 +324,7 @@ def test_t1_h3_memory_writes_absorb_two_faults_and_report_a_persistent_one_typed
 
 
 def test_h3_a_units_own_database_error_reaches_its_caller_typed(memory: Memory) -> None:
-    conv = memory.conversation("agent", "faults", "1")
+    conv = memory.conversation("agent", "faults", "1", trust="operator")
     conv.append_user("hello")
 
     def broken(writes: Writes) -> None:

@@ -49,8 +49,8 @@ from fermix.actors.conversation import Appended, ConversationStore, History, Rel
 from fermix.api import Conversation, Memory
 from fermix.home import Home
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.runtime.engine import _Windows
 from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.windows import Windows as _Windows
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, migrations, open_database
 

@@ -47,7 +47,7 @@ def _config(server: ModelServer, **memory: Any) -> Config:
 
 def _filled(memory: Memory, chat: str, *, peak: int | None) -> Conversation:
     """A conversation with enough history to summarize; its last turn recorded ``peak``."""
-    conv = memory.conversation("agent", "tg", chat, owner_id=f"owner{chat}")
+    conv = memory.conversation("agent", "tg", chat, owner_id=f"owner{chat}", trust="operator")
     for i in range(40):
         conv.append_user(f"question {i} about the harbour in Porto and its boats")
         conv.append_assistant(f"answer {i}: the harbour in Porto is busy in May")

@@ -269,7 +269,10 @@ def test_e3_the_prompt_carries_every_shown_row_and_message_as_json_data() -> Non
         "key": "key9",
         "value": "value 9",
     }
-    assert data["user_messages"] == [{"id": 4, "kind": "chat", "text": msgs[0].content}]
+    assert data["user_messages"] == [
+        {"id": 4, "speaker": "S1", "kind": "chat", "text": msgs[0].content}
+    ]
+    assert data["speakers"] == {"S1": "alice (guest)"}
 
 
 def test_e4_the_response_schema_names_the_three_ops_and_the_six_categories() -> None:
@@ -556,9 +559,7 @@ def test_e5_a_guest_cannot_replace_or_archive_a_directive_row() -> None:
     shown = [row(4, "directive")]
     result = admitted([replace(4, "Never answer"), archive(4)], shown, trust="guest")
     assert result.admitted == ()
-    assert [r.reason for r in result.refused] == [
-        "a guest conversation cannot change a directive"
-    ] * 2
+    assert [r.reason for r in result.refused] == ["a guest (S1) cannot change a directive"] * 2
 
 
 def test_e5_a_guest_cannot_turn_a_row_into_a_directive_by_replace() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import subprocess
 import sys
@@ -262,3 +263,53 @@ def test_s8_two_processes_append_at_once_without_database_is_locked(tmp_path: Pa
     for name in ("p1", "p2"):
         rows = messages.conversation(conn, ConversationKey("agent", "proc", name))
         assert [m.content for m in rows] == [f"{name}-{i}" for i in range(300)]
+
+
+def test_s3_insert_returns_exactly_the_row_it_stored(db: apsw.Connection) -> None:
+    from fermix.storage import conversations
+
+    guest_key = ConversationKey("agent", "telegram", "no-row")
+    with transaction(db):
+        conversations.touch(db, KEY, owner_id="alice", trust="operator")
+        returned = [
+            messages.insert(db, NewMessage(KEY, "user", "given", owner_id="bob", trust="guest")),
+            messages.insert(db, NewMessage(KEY, "user", "its conversation's", sender="alice")),
+            messages.insert(db, NewMessage(guest_key, "tool", "no conversation row")),
+            messages.insert(
+                db, NewMessage(KEY, "assistant", "meta", metadata={"n": [1, "é"]}), created_at=7
+            ),
+        ]
+    stored = [messages.get(db, m.id) for m in returned]
+    assert returned == stored
+    assert [m.trust for m in returned] == ["guest", "operator", "guest", "operator"]
+    assert returned[3].created_at == 7 and returned[3].metadata == {"n": [1, "é"]}
+
+
+def test_a1_a_messages_key_is_validated_once_per_key_and_never_skipped(
+    db: apsw.Connection,
+) -> None:
+    with transaction(db):
+        stored = messages.insert(db, NewMessage(KEY, "user", "hi", trust="operator"))
+    assert stored.key == KEY and stored.key is stored.key  # the same validated key again
+    bad = dataclasses.replace(stored, agent_id="bad\x00agent")
+    with pytest.raises(InvalidInputError):
+        _ = bad.key
+    with pytest.raises(InvalidInputError):  # a failed validation is not remembered as good
+        _ = bad.key
+
+
+def test_s1_a_sessions_operations_are_bound_to_its_connection_once(tmp_path: Path) -> None:
+    from fermix.storage.session import Reads, Writes
+
+    one, two = open_database(tmp_path / "one.db"), open_database(tmp_path / "two.db")
+    try:
+        with transaction(one):
+            messages.insert(one, NewMessage(KEY, "user", "in one", trust="operator"))
+        reads_one, reads_two = Reads(one), Reads(two)
+        assert reads_one.count_messages is reads_one.count_messages
+        assert reads_one.count_messages(KEY) == 1 and reads_two.count_messages(KEY) == 0
+        assert Reads(one).count_messages is not reads_one.count_messages
+        assert Writes.insert_message.__doc__ == messages.insert.__doc__
+    finally:
+        one.close()
+        two.close()

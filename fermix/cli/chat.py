@@ -18,6 +18,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--agent", default="default", help="agent id (default: default)")
     p.add_argument("--chat-id", default="terminal", help="conversation id (default: terminal)")
     p.add_argument("--owner", default="", help="owner id (default: the single-user owner)")
+    p.add_argument(
+        "--trust",
+        choices=("operator", "guest"),
+        default="operator",
+        help="your trust (default: operator: the terminal is the operator's own;"
+        " guest tries the bot as a user would, M2)",
+    )
     p.add_argument("--system", help="system prompt")
     p.set_defaults(handler=cmd_chat)
 
@@ -32,6 +39,7 @@ def cmd_chat(ctx: CommandContext, args: argparse.Namespace) -> int:
         agent_id=args.agent,
         chat_id=args.chat_id,
         owner_id=args.owner,
+        trust=args.trust,
         model=args.model,
         fallbacks=tuple(args.fallback) if args.fallback else None,
         api_base=args.api_base,

@@ -57,6 +57,8 @@ class ChatOptions:
     agent_id: str = "default"
     chat_id: str = "terminal"
     owner_id: str = ""
+    trust: str = "operator"
+    """``fermix chat`` is the operator's own terminal: operator unless ``--trust guest``."""
     model: str | None = None
     fallbacks: tuple[str, ...] | None = None
     api_base: str | None = None
@@ -313,7 +315,11 @@ def run_chat(home: Home, config: Config, options: ChatOptions, out: Console) -> 
     try:
         with Memory(home, config=config) as memory:
             conv = memory.conversation(
-                options.agent_id, "cli", options.chat_id, owner_id=options.owner_id
+                options.agent_id,
+                "cli",
+                options.chat_id,
+                owner_id=options.owner_id,
+                trust=options.trust,
             )
             ChatSession(memory, conv, options, out).run(read_line)
     except FermixError as exc:

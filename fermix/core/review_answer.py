@@ -4,13 +4,19 @@ Output format (documented for operators and model authors). The model answers ei
 literal ``Nothing to save.`` or one JSON object::
 
     {"operations": [
-        {"op": "add", "category": "preference", "key": "drink", "value": "Drinks green tea"},
-        {"op": "replace", "id": 12, "value": "Lives in Porto since 2026"},
-        {"op": "archive", "id": 7, "reason": "no longer works at Acme"}
+        {"op": "add", "speaker": "S1", "category": "preference", "key": "drink",
+         "value": "Drinks green tea"},
+        {"op": "replace", "speaker": "S1", "id": 12, "value": "Lives in Porto since 2026"},
+        {"op": "archive", "speaker": "S2", "id": 7, "reason": "no longer works at Acme"}
     ]}
 
-``replace`` may also carry ``key`` and ``category``. Any other shape, an unknown field, a
-wrong type or an unknown op rejects the whole answer (E4). The same schema is passed as
+``replace`` may also carry ``key`` and ``category``. Every op names its ``speaker``: the
+handle (``S1``, ``S2``...) of the person whose words it comes from, as the prompt lists
+them (M1); admission files and admits the op as that person's, and refuses one without a
+valid speaker (an op without one is that of the only speaker, when only one spoke).
+
+Any other shape, an unknown field, a wrong type or an unknown op rejects the whole answer
+(E4). The same schema is passed as
 ``response_format`` where the model supports it; a model that refuses it is asked again
 without, and its text answer goes through the same parser (a JSON object inside a code
 fence is accepted). :func:`parse` checks the answer against :data:`RESPONSE_SCHEMA` with
@@ -51,6 +57,7 @@ RESPONSE_SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "properties": {
                             "op": {"type": "string", "enum": ["add", "replace", "archive"]},
+                            "speaker": {"type": "string"},
                             "id": {"type": "integer"},
                             "category": {"type": "string", "enum": list(CATEGORIES)},
                             "key": {"type": "string"},
@@ -80,12 +87,14 @@ class Operation:
     key: str | None = None
     value: str | None = None
     reason: str | None = None
+    speaker: str | None = None
+    """The handle of the person the op's fact comes from (``S1``), as the model said (M1)."""
 
 
 _FIELDS = {
-    "add": ({"op", "category", "key", "value"}, set()),
-    "replace": ({"op", "id", "value"}, {"key", "category"}),
-    "archive": ({"op", "id"}, {"reason"}),
+    "add": ({"op", "category", "key", "value"}, {"speaker"}),
+    "replace": ({"op", "id", "value"}, {"key", "category", "speaker"}),
+    "archive": ({"op", "id"}, {"reason", "speaker"}),
 }
 """The fields each op needs and may carry: the one rule :data:`RESPONSE_SCHEMA` leaves out."""
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
@@ -151,6 +160,7 @@ def parse(text: str) -> list[Operation]:
             key=item.get("key"),
             value=item.get("value"),
             reason=item.get("reason"),
+            speaker=item.get("speaker"),
         )
         for item in items
     ]

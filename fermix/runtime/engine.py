@@ -16,85 +16,44 @@ every wait a turn makes on a pool is bounded by the model timeout plus a margin.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pykka
 
 from fermix import llm
-from fermix.actors.base import ask_found
-from fermix.actors.compactor import Compact, CompactionRunner, Compactor
-from fermix.actors.conversation import (
-    Appended,
-    ConversationStore,
-    History,
-    Reload,
-    Snapshot,
-    StateQuery,
-    WindowMark,
-)
+from fermix.actors.compactor import Compact, Compactor
+from fermix.actors.conversation import Appended, ConversationStore, History, Reload, StateQuery
 from fermix.actors.reviewer import Review, Reviewer, ReviewRunner
 from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
-from fermix.core.review import gate as review_gate
 from fermix.errors import (
     ActorUnavailableError,
     FermixError,
     InvalidInputError,
-    NotFoundError,
     SupervisorEscalationError,
 )
 from fermix.home import Home
 from fermix.model import ConversationKey, ConversationState, Message, NewMessage
 from fermix.runtime import files
 from fermix.runtime.compacting import Compacting
+from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
 from fermix.runtime.reviewing import Reviewing
+from fermix.runtime.reviews_off import ReviewsOff
+from fermix.runtime.timer import Timer
+from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
 from fermix.storage import Database
 from fermix.supervision.restarts import Intensity, Restart
 from fermix.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
-
-
-
-class _Windows:
-    """Reads a conversation's state, window and window mark for its actor (a
-    ``WindowSource``), each in one read unit (M4)."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
-
-    def state(self, key: ConversationKey) -> ConversationState | None:
-        with self._db.read() as reads:
-            return reads.conversation(key)
-
-    def snapshot(self, key: ConversationKey, limit: int | None) -> Snapshot:
-        with self._db.read() as reads:
-            state, mark, window, newest = reads.window_snapshot(key, limit=limit)
-        return Snapshot(state, WindowMark(*mark), window, newest)
-
-    def mark(self, key: ConversationKey) -> WindowMark:
-        with self._db.read() as reads:
-            return WindowMark(*reads.window_mark(key))
-
-    def since(
-        self, key: ConversationKey, after: Message | None, after_id: int, limit: int | None
-    ) -> tuple[WindowMark, list[Message]]:
-        stored_from = 0 if after is None or after.id != after_id else after.created_at
-        with self._db.read() as reads:
-            mark, new = reads.window_since(
-                key, after_id=after_id, stored_from=stored_from, limit=limit
-            )
-        return WindowMark(*mark), new
 
 
 class Runtime:
@@ -137,7 +96,7 @@ class Runtime:
         self.wait_s: float | None = None
         """How long a turn waits for its compaction; None derives it from the model timeout
         (:meth:`~fermix.runtime.compacting.Compacting.wait_s`). Tests set it."""
-        self.timer = _Timer()
+        self.timer = Timer()
         """The thread of the periodic work: passivation (A7) and, unless
         ``sweep_interval_s`` is 0, the sweep for due reviews (M7)."""
 
@@ -177,20 +136,20 @@ class Runtime:
             route=self._route,
             on_compacted=self._reload_window,
         )
-        windows = _Windows(db)
+        windows = Windows(db)
         max_history = config.memory.max_conversation_history
         compacting = self.compacting
         reviewing: ReviewRunner = self.reviewing
         if self.reviewing.route.primary is None:
-            reviewing = _ReviewsOff(self.reviewing, db, config, self._clock)  # M8
+            reviewing = ReviewsOff(self.reviewing, db, config, self._clock)  # M8
         tree = self._current_tree  # set once the tree has started; the pools ask it later
-        reviewers = self.reviewers = _Pool("reviewer", config.memory.review_workers, tree)
-        compactors = self.compactors = _Pool("compactor", config.compaction.workers, tree)
+        reviewers = self.reviewers = Pool("reviewer", config.memory.review_workers, tree)
+        compactors = self.compactors = Pool("compactor", config.compaction.workers, tree)
         self.tree = Supervisor(
             [
-                *reviewers.specs(lambda n: Reviewer.start(_PooledReviews(reviewing, reviewers, n))),
+                *reviewers.specs(lambda n: Reviewer.start(PooledReviews(reviewing, reviewers, n))),
                 *compactors.specs(
-                    lambda n: Compactor.start(_PooledCompactions(compacting, compactors, n))
+                    lambda n: Compactor.start(PooledCompactions(compacting, compactors, n))
                 ),
                 ChildSpec(
                     "conversations",
@@ -268,10 +227,20 @@ class Runtime:
         # Called by the writer after the commit, still in the conversation's order.
         self.registry.tell_if_live(stored.key, Appended(stored))
 
-    def append(self, new: NewMessage, *, trust: str, peak_prompt_tokens: int | None) -> Message:
-        """Store ``new``; returns once it is committed (A1)."""
+    def append(
+        self,
+        new: NewMessage,
+        *,
+        trust: str,
+        peak_prompt_tokens: int | None,
+        owner_id: str | None = None,
+    ) -> Message:
+        """Store ``new``; returns once it is committed (A1). ``owner_id`` and ``trust`` are
+        the conversation's, ``new`` carries its author's (M1)."""
         self.check_running()
-        return self.writer.append(new, trust=trust, peak_prompt_tokens=peak_prompt_tokens)
+        return self.writer.append(
+            new, trust=trust, peak_prompt_tokens=peak_prompt_tokens, owner_id=owner_id
+        )
 
     def history(self, key: ConversationKey, limit: int | None = None) -> list[Message]:
         """The window of ``key``, oldest first, from its actor."""
@@ -394,256 +363,3 @@ class Runtime:
             if self.running:
                 log.error("the review sweep failed: %s", exc)
         return self.running
-
-
-class _Pool:
-    """``size`` supervised actors of one kind, each a child of the tree (M3).
-
-    Named ``name``, ``name-2``, ``name-3``... A conversation's requests go in order to one
-    actor: the one still holding an earlier request of it, else the one with the fewest
-    requests pending (the first of a tie). So a request never queues behind another
-    conversation's while an actor is idle, one conversation's requests keep their order
-    (asked after a tell, answered after it), and at most ``size`` run at once. The actors'
-    runners report each finished request (:meth:`finished`); a restarted actor starts with
-    nothing pending, its predecessor's queue being lost with it.
-    """
-
-    def __init__(self, name: str, size: int, tree: Callable[[], Supervisor]) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise InvalidInputError(f"{name} workers must be an integer >= 1, not {size!r}")
-        self.name = name
-        self.ids = [name, *(f"{name}-{n}" for n in range(2, size + 1))]
-        self._tree = tree
-        self._lock = threading.Lock()
-        self._pending = [0] * size
-        self._holders: dict[ConversationKey, tuple[int, int]] = {}
-        """The actor holding requests of a conversation, and how many."""
-
-    def specs(self, start: Callable[[int], pykka.ActorRef[Any]]) -> list[ChildSpec]:
-        """The tree's child specs: actor ``n`` is started by ``start(n)``."""
-        return [
-            ChildSpec(child, functools.partial(self._start, n, start))
-            for n, child in enumerate(self.ids)
-        ]
-
-    def _start(self, n: int, start: Callable[[int], pykka.ActorRef[Any]]) -> pykka.ActorRef[Any]:
-        with self._lock:
-            self._pending[n] = 0
-            for key in [k for k, (holder, _) in self._holders.items() if holder == n]:
-                del self._holders[key]
-        return start(n)
-
-    def pending(self) -> list[int]:
-        """Requests sent to each actor and not finished yet (for tests and status)."""
-        with self._lock:
-            return list(self._pending)
-
-    def _assign(self, key: ConversationKey, *, unless_pending: bool) -> int | None:
-        with self._lock:
-            held = self._holders.get(key)
-            if held is not None and unless_pending:
-                return None
-            if held is not None:
-                n, count = held
-            else:
-                n = min(range(len(self._pending)), key=self._pending.__getitem__)
-                count = 0
-            self._holders[key] = (n, count + 1)
-            self._pending[n] += 1
-            return n
-
-    def finished(self, n: int, key: ConversationKey) -> None:
-        """Actor ``n`` is done with a request of ``key`` (or it never reached it)."""
-        with self._lock:
-            self._pending[n] = max(0, self._pending[n] - 1)
-            held = self._holders.get(key)
-            if held is not None and held[0] == n:
-                if held[1] <= 1:
-                    del self._holders[key]
-                else:
-                    self._holders[key] = (n, held[1] - 1)
-
-    def tell(self, key: ConversationKey, message: Any, *, unless_pending: bool = False) -> bool:
-        """Send ``message`` about ``key`` without waiting; False when ``unless_pending`` and
-        a request of ``key`` is still pending (nothing is sent)."""
-        n = self._assign(key, unless_pending=unless_pending)
-        if n is None:
-            return False
-        try:
-            _ref(self._tree().child_ref(self.ids[n])).tell(message)
-        except (FermixError, pykka.ActorDeadError):
-            self.finished(n, key)
-            raise
-        return True
-
-    def ask(self, key: ConversationKey, message: Any, *, timeout: float | None) -> Any:
-        """Send ``message`` about ``key`` and wait for the reply, at most ``timeout`` seconds
-        (``pykka.Timeout``: the request stays queued and runs later)."""
-        n = self._assign(key, unless_pending=False)
-        assert n is not None
-        child = self.ids[n]
-        try:
-            return ask_found(
-                lambda: _ref(self._tree().await_child(child)),
-                message,
-                timeout=timeout,
-                what=f"the {child} actor",
-            )
-        except (ActorUnavailableError, NotFoundError):
-            self.finished(n, key)  # it never reached an actor
-            raise
-
-
-class _PooledReviews:
-    """The runner of Reviewer ``n``: tells the pool when each review ends; only the first
-    Reviewer repairs the prompt files at start (they are the same files for all)."""
-
-    def __init__(self, runner: ReviewRunner, pool: _Pool, n: int) -> None:
-        self._runner = runner
-        self._pool = pool
-        self._n = n
-
-    def start(self) -> None:
-        if self._n == 0:
-            self._runner.start()
-
-    def review(self, key: ConversationKey, *, force: bool = False) -> ReviewResult:
-        try:
-            return self._runner.review(key, force=force)
-        finally:
-            self._pool.finished(self._n, key)
-
-
-class _PooledCompactions:
-    """The runner of Compactor ``n``: tells the pool when each compaction ends."""
-
-    def __init__(self, runner: CompactionRunner, pool: _Pool, n: int) -> None:
-        self._runner = runner
-        self._pool = pool
-        self._n = n
-
-    def compact(self, key: ConversationKey, *, force: bool) -> CompactionResult:
-        try:
-            return self._runner.compact(key, force=force)
-        finally:
-            self._pool.finished(self._n, key)
-
-
-class _Job:
-    """One periodic job of a :class:`_Timer`."""
-
-    def __init__(self, name: str, interval_s: float, run: Callable[[], bool]) -> None:
-        self.name = name
-        self.interval_s = interval_s
-        self.run = run
-        self.last = time.monotonic()
-
-    @property
-    def due_at(self) -> float:
-        return self.last + self.interval_s
-
-
-class _Timer:
-    """The one thread of a runtime's periodic work (A7, M7): passivating idle conversation
-    actors and sweeping for due reviews.
-
-    Each job runs every ``interval_s`` seconds counted from its last run, whoever ran it
-    (:meth:`ran`: an explicit ``tick()`` restarts the sweep's interval, so a host that also
-    sweeps on its own timer does not sweep twice as often). A job returning False is dropped;
-    one raising is logged and kept. :meth:`stop` wakes the thread and joins it.
-    """
-
-    def __init__(self) -> None:
-        self._jobs: dict[str, _Job] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="fermix-timer", daemon=True)
-
-    def every(self, name: str, interval_s: float, run: Callable[[], bool]) -> None:
-        """Run ``run`` every ``interval_s`` seconds, the first time one interval from now."""
-        with self._lock:
-            self._jobs[name] = _Job(name, interval_s, run)
-
-    def jobs(self) -> dict[str, float]:
-        """Each job's name and interval in seconds."""
-        with self._lock:
-            return {job.name: job.interval_s for job in self._jobs.values()}
-
-    def ran(self, name: str) -> None:
-        """Job ``name`` runs now (if there is one): its next run is one interval from now."""
-        with self._lock:
-            job = self._jobs.get(name)
-            if job is not None:
-                job.last = time.monotonic()
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def _next(self) -> tuple[_Job | None, float | None]:
-        with self._lock:
-            if not self._jobs:
-                return None, None
-            job = min(self._jobs.values(), key=lambda j: j.due_at)
-            return job, job.due_at - time.monotonic()
-
-    def _run(self) -> None:
-        while True:
-            job, delay = self._next()
-            if self._stop.wait(None if delay is None else max(0.0, delay)):
-                return
-            if job is None or delay is None or delay > 0:
-                continue  # an interval may have restarted meanwhile: look again
-            self.ran(job.name)
-            try:
-                keep = job.run()
-            except Exception:
-                log.exception("the periodic %s failed", job.name)
-                keep = True
-            if not keep:
-                with self._lock:
-                    self._jobs.pop(job.name, None)
-
-    def stop(self, timeout: float) -> None:
-        """Stop the jobs and wait (at most ``timeout`` seconds) for one in progress."""
-        self._stop.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(timeout)
-
-
-class _ReviewsOff:
-    """The Reviewer's runner when no model is configured (M8): the repairs at start still
-    run, the review gates still answer first (nothing new, disabled...), and a review that
-    would run is skipped as ``no_model`` instead of failing into its backoff every time."""
-
-    def __init__(
-        self, reviewing: Reviewing, db: Database, config: Config, clock: Callable[[], int]
-    ) -> None:
-        self._reviewing = reviewing
-        self._db = db
-        self._config = config.memory
-        self._clock = clock
-
-    def start(self) -> None:
-        self._reviewing.start()
-
-    def review(self, key: ConversationKey, *, force: bool = False) -> ReviewResult:
-        with self._db.read() as reads:
-            state = reads.conversation(key)
-            newest = reads.newest_user_message_id(key)
-        skip = review_gate(
-            state,
-            now_ms=self._clock(),
-            interval_hours=self._config.review_interval_hours,
-            backoff_ms=self._config.review_failure_backoff_ms,
-            newest_user_message_id=newest,
-            force=force,
-        )
-        if skip is not None:
-            return ReviewResult(key, "skipped", skip=skip)
-        return ReviewResult(key, "skipped", error=f"{llm.NO_MODEL}: {llm.NO_MODEL_OFF}")
-
-
-def _ref(child: object) -> pykka.ActorRef[Any]:
-    # The tree's children named here are actors, never nested supervisors.
-    assert isinstance(child, pykka.ActorRef)
-    return child

@@ -13,21 +13,14 @@ again later.
 A shared row renders for every owner of its agent. After a review writes one, the
 conversation's own owner (and the agent's default owner ``""``) are rebuilt at once and
 every other owner later (M6, :meth:`PromptFiles.rebuild_for_rows` with ``defer_shared``):
-queued for a background thread that rebuilds them one at a time, and rebuilt first on that
-owner's next compose (:meth:`PromptFiles.texts`) if the thread has not got there yet. A
-marker file per agent (:data:`SHARED_MARK`) tells other processes that such rebuilds were
-queued, so their next compose of an owner of that agent checks the files against the rows;
-a process that stopped before its thread finished leaves files that lag, repaired at the
-next start (:meth:`PromptFiles.repair`) or on compose.
+:mod:`~fermix.runtime.deferred` queues those rebuilds for a background thread and marks
+the agent for other processes.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import threading
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,20 +31,17 @@ from fermix import validate
 from fermix.core import categories, render
 from fermix.core.render import FILES, FileSpec, RenderedFiles
 from fermix.errors import WriteFailedError
-from fermix.home import Home, set_private_file_mode
+from fermix.home import Home
 from fermix.model import MemoryRow, Revision, check_resource_name
 from fermix.runtime import files
+from fermix.runtime.deferred import DeferredRebuilds, Pair, has_files, read_mark
 from fermix.storage import Database, Reads, Writes
 
 log = logging.getLogger(__name__)
 
 FILE_ATTEMPTS = 3
 """Attempts at replacing a file before a rebuild gives up (a disk hiccup can pass)."""
-SHARED_MARK = ".shared-rows"
-"""The marker in ``memory/<agent_id>/`` replaced whenever rebuilds of that agent's owners
-are queued (M6): a compose in any process then checks the owner's files against the rows."""
 
-Pair = tuple[str, str]
 _UNSEEN = object()
 
 
@@ -117,7 +107,7 @@ def render_pair(reads: Reads, agent_id: str, owner_id: str) -> RenderedFiles:
     return render.render_files(rows, agent_id=agent_id, owner_id=owner_id)
 
 
-class PromptFiles:
+class PromptFiles(DeferredRebuilds):
     """The prompt files of one home, rebuilt through the process's one writer."""
 
     def __init__(self, home: Home, db: Database) -> None:
@@ -147,7 +137,7 @@ class PromptFiles:
         lag (M6). Otherwise the files are read through the cache, with no database read.
         """
         files.check_ids(agent_id, owner_id)
-        mark = _read_mark(files.prompt_dir(self.home, agent_id))
+        mark = read_mark(files.prompt_dir(self.home, agent_id))
         pair = (agent_id, owner_id)
         with self._state:
             reason = self._later.pop(pair, None)
@@ -214,7 +204,7 @@ class PromptFiles:
         return [
             self.rebuild(agent_id, owner_id, reason=reason)
             for owner_id in owners
-            if _has_files(agent_id, owner_id)
+            if has_files(agent_id, owner_id)
         ]
 
     def rebuild_for_rows(
@@ -251,7 +241,7 @@ class PromptFiles:
         results = []
         later: list[Pair] = []
         for agent_id in sorted(everyone):
-            if not _has_files(agent_id, ""):
+            if not has_files(agent_id, ""):
                 continue
             if not defer_shared:
                 results += self.rebuild_agent(agent_id, reason=reason)
@@ -262,94 +252,11 @@ class PromptFiles:
             later += [(agent_id, o) for o in owners if (agent_id, o) not in single]
         done = {(r.agent_id, r.owner_id) for r in results}
         for agent_id, owner_id in sorted(single - done):
-            if _has_files(agent_id, owner_id):
+            if has_files(agent_id, owner_id):
                 results.append(self.rebuild(agent_id, owner_id, reason=reason))
         if later:
             self.defer(later, reason=reason)
         return results
-
-    # -- rebuilds queued for later (M6) ----------------------------------------------
-
-    def defer(self, pairs: Iterable[Pair], *, reason: str = "rebuild") -> int:
-        """Queue rebuilds of ``pairs`` for the background thread; returns how many are new.
-
-        Each agent's marker is replaced so that other processes check those owners' files
-        on their next compose. A pair already queued keeps its place.
-        """
-        pairs = [p for p in pairs if _has_files(*p)]
-        with self._state:
-            fresh = [p for p in pairs if p not in self._later]
-            for pair in fresh:
-                self._later[pair] = reason
-        for agent_id in sorted({a for a, _ in pairs}):
-            try:
-                _write_mark(files.prompt_dir(self.home, agent_id))
-            except OSError as exc:
-                log.warning("marker of %s not written: %s", agent_id, exc)
-        if fresh:
-            self._start_thread()
-        return len(fresh)
-
-    @property
-    def queued(self) -> int:
-        """Rebuilds queued or running."""
-        with self._state:
-            return len(self._later) + self._running
-
-    def settle(self) -> int:
-        """Run every queued rebuild on this thread, wait for the background thread's
-        current one, and return how many this call ran."""
-        ran = 0
-        while True:
-            with self._state:
-                if not self._later:
-                    self._state.wait_for(lambda: self._running == 0)
-                    return ran
-                pair, reason = next(iter(self._later.items()))
-                del self._later[pair]
-            self._rebuild_queued(pair, reason)
-            ran += 1
-
-    def take_failed_agents(self) -> set[str]:
-        """The agents whose queued rebuild failed since the last call (for a repair)."""
-        with self._state:
-            failed, self._failed = self._failed, set()
-        return failed
-
-    def _start_thread(self) -> None:
-        with self._state:
-            if self._thread is not None:
-                return
-            self._thread = threading.Thread(
-                target=self._drain, name="fermix-prompt-files", daemon=True
-            )
-            self._thread.start()
-
-    def _drain(self) -> None:
-        """The background thread: run queued rebuilds, one at a time, until none is left."""
-        while True:
-            with self._state:
-                if not self._later:
-                    self._thread = None
-                    return
-                pair, reason = next(iter(self._later.items()))
-                del self._later[pair]
-            self._rebuild_queued(pair, reason)
-
-    def _rebuild_queued(self, pair: Pair, reason: str) -> None:
-        """Run one queued rebuild; a failure is logged and left to a repair, never raised."""
-        with self._state:
-            self._running += 1
-        try:
-            self.rebuild(*pair, reason=reason)
-        except Exception as exc:  # noqa: BLE001 - a background rebuild must not die: S1
-            log.warning("prompt files of %s/%r not rebuilt, left to a repair: %s", *pair, exc)
-            with self._state:
-                self._failed.add(pair[0])
-        finally:
-            with self._state:
-                self._running -= 1
-                self._state.notify_all()
 
     def rollback(self, agent_id: str, name: str, revision: int, owner_id: str = "") -> FileResult:
         """Write revision ``revision`` of ``name`` back to its file and record it (P2).
@@ -382,7 +289,7 @@ class PromptFiles:
             agents = reads.memory_agents() if agent_id is None else [agent_id]
             for agent in agents:
                 for owner in reads.memory_owners(agent):
-                    if _has_files(agent, owner) and self._lags(reads, agent, owner):
+                    if has_files(agent, owner) and self._lags(reads, agent, owner):
                         found.append((agent, owner))
         return found
 
@@ -450,33 +357,6 @@ def _record(
     if latest is None and content == "":
         return None
     return writes.record_revision(agent_id, spec.name, content, reason=reason, owner_id=owner_id)
-
-
-def _read_mark(folder: Path) -> bytes | None:
-    """The content of ``folder``'s :data:`SHARED_MARK`, or None when it has none."""
-    return files.read_bytes(folder / SHARED_MARK)
-
-
-def _write_mark(folder: Path) -> None:
-    """Replace ``folder``'s :data:`SHARED_MARK` with new content (temp file and rename, not
-    fsynced: a lost marker only means a compose reads files the next start repairs)."""
-    files.make_private_dir(folder)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{SHARED_MARK}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            set_private_file_mode(fh.fileno())
-            fh.write(uuid.uuid4().hex.encode())
-        os.replace(tmp, folder / SHARED_MARK)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _has_files(agent_id: str, owner_id: str) -> bool:
-    if files.has_files(agent_id, owner_id):
-        return True
-    log.warning("no prompt files for agent %r, owner %r: unsafe ids", agent_id, owner_id)
-    return False
 
 
 def _as_live(row: MemoryRow) -> MemoryRow:

@@ -101,14 +101,13 @@ class ConversationRegistry:
         An actor that is not live reads its window from SQLite when it starts, so a
         committed message needs no delivery then.
         """
-        cid = child_id(key)
         with self._lock:
             if key not in self._live:
-                return False
+                return False  # the common case of an append: decided before any other work
             self._live.move_to_end(key)
             self._live[key] = self._monotonic()
             try:
-                ref = self._supervisor.await_child(cid)
+                ref = self._supervisor.await_child(child_id(key))
             except NotFoundError:
                 del self._live[key]
                 return False

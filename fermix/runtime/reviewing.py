@@ -23,7 +23,7 @@ from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.core import categories, review, review_admission, review_answer
 from fermix.core.review import CLAIM_TTL_MS, ReviewResult, Skip
-from fermix.core.review_answer import Operation
+from fermix.core.review_admission import Speaker
 from fermix.errors import FermixError, ModelError, ReviewOutputError
 from fermix.model import ConversationKey, ConversationState, MemoryRow, Provenance
 from fermix.runtime.writer import Writer
@@ -41,17 +41,23 @@ RELEVANT_ROWS = 200
 """Rows matching the messages' words a review's row selection considers (M6)."""
 
 
-def _places(state: ConversationState) -> list[tuple[str, model.Scope]]:
-    """The (owner, scope) pairs a review of this conversation may see and touch (SC3).
+def _places(
+    state: ConversationState, speakers: Sequence[Speaker] | None = None
+) -> list[tuple[str, model.Scope]]:
+    """The (owner, scope) pairs a review of this conversation may see and touch (SC3, M1).
 
-    The owner's profile rows, and the agent's working-knowledge rows this conversation may
-    change: the shared ones for an operator conversation, the owner's own for a guest.
+    Those of each speaker of the messages under review (each one's profile rows, and the
+    agent's working-knowledge rows they may change: the shared ones for an operator, their
+    own for a guest); without speakers, those of the conversation's owner and trust.
     """
-    agent_owner = "" if state.trust == "operator" else state.owner_id
-    return [
-        (state.owner_id, categories.owner_scope(state.owner_id)),
-        (agent_owner, categories.agent_scope(state.agent_id)),
-    ]
+    if speakers is None:
+        speakers = (Speaker("S1", state.owner_id, state.trust),)
+    places: list[tuple[str, model.Scope]] = []
+    for speaker in speakers:
+        for place in speaker.places(state.agent_id):
+            if place not in places:
+                places.append(place)
+    return places
 
 
 def shown_rows(
@@ -61,15 +67,20 @@ def shown_rows(
     *,
     token_budget: int | None = None,
     model_name: str | None = None,
+    speakers: Sequence[Speaker] | None = None,
 ) -> list[MemoryRow]:
-    """The rows a review of this conversation is shown, by id (E3, SC3, M6).
+    """The rows a review of this conversation is shown, by id (E3, SC3, M6, M1).
 
-    Only rows of the places it may touch (:func:`_places`). With ``messages`` and a
+    Only rows of the places its speakers may touch (:func:`_places`; the speakers of
+    ``messages`` when given, else ``speakers``, else the conversation's owner): a guest's
+    rows are never shown to a review of another owner's words. With ``messages`` and a
     ``token_budget``: those most related to the messages (full-text search over the rows
     of those places) and the newest, taken in turn until the budget is spent
     (:func:`fermix.core.review.pick_rows`). Without: every row of those places.
     """
-    places = _places(state)
+    if messages is not None and speakers is None:
+        speakers = review.speakers_of(messages)
+    places = _places(state, speakers)
     if messages is None or token_budget is None:
         rows = [
             row
@@ -247,12 +258,14 @@ class Reviewing:
                 token_budget=cfg.review_input_token_budget,
                 model=self.route.primary,
             )
+            speakers = review.speakers_of(packed.messages)
             shown = shown_rows(
                 reads,
                 state,
                 packed.messages,
                 token_budget=cfg.review_rows_token_budget,
                 model_name=self.route.primary,
+                speakers=speakers,
             )
         messages = packed.messages
         result = ReviewResult(
@@ -285,7 +298,7 @@ class Reviewing:
         try:
             answer = llm.complete(
                 self.route,
-                review.build_prompt(messages, shown),
+                review.build_prompt(messages, shown, speakers),
                 agent=AGENT_TAG,
                 response_format=review_answer.RESPONSE_SCHEMA,
                 metadata={"conversation": key.scope_id, "agent_id": key.agent_id},
@@ -299,23 +312,32 @@ class Reviewing:
             result.tried = getattr(exc, "tried", result.tried)
             result.messages, result.left = 0, count  # nothing was marked reviewed
             return result
-        admission = review_admission.admit(operations, shown=shown, trust=state.trust)
+        admission = review_admission.admit(operations, shown=shown, speakers=speakers)
         for refusal in admission.refused:
             log.info("review of %s refused %s: %s", key.scope_id, refusal.operation, refusal.reason)
         result.refused = [f"{r.operation.op}: {r.reason}" for r in admission.refused]
 
+        said = {
+            (s.owner_id, s.trust): max(
+                m.id for m in messages if (m.owner_id, m.trust) == (s.owner_id, s.trust)
+            )
+            for s in speakers
+        }
+
         def apply(writes: Writes) -> list[MemoryRow]:
-            written = _apply(writes, state, admission.admitted, last)
+            written = _apply(writes, state, admission, said, last)
             self._finish(writes, key, token, last, caught_up=caught_up)
             return written
 
-        # A shared row reaches every owner that has files already; this owner may have none.
-        # This owner's files are rebuilt at once, every other owner's later (M6).
+        # A shared row reaches every owner that has files already; the speakers may have
+        # none. Their files are rebuilt at once, every other owner's later (M6).
+        also = [(state.agent_id, state.owner_id)]
+        also += [(state.agent_id, s.owner_id or "") for s in speakers]
         rows = self._writer.write_rows(
             apply,
             label=f"review of {key.scope_id}",
             reason="review",
-            also=[(state.agent_id, state.owner_id)],
+            also=list(dict.fromkeys(also)),
             defer_shared=self._defer,
         )
         if not caught_up:
@@ -367,11 +389,16 @@ class Reviewing:
 def _apply(
     writes: Writes,
     state: ConversationState,
-    operations: Sequence[Operation],
+    admission: review_admission.Admission,
+    said: dict[tuple[str | None, str], int],
     source_message: int,
 ) -> list[MemoryRow]:
-    """Write admitted operations in the caller's unit; return the rows as before/after."""
-    if not operations:
+    """Write admitted operations in the caller's unit; return the rows as before/after.
+
+    Each operation is written as its speaker's (M1): a fact lands in the places of the
+    person who said it, with their trust, and its provenance names their last message.
+    """
+    if not admission.admitted:
         return []  # nothing to attribute: no memory source is created either
     source = writes.ensure_source(
         agent_id=state.agent_id,
@@ -379,17 +406,20 @@ def _apply(
         source_type="conversation",
         name=state.key.scope_id,
     )
-    provenance = Provenance(
-        source_id=source.id,
-        source_type="conversation",
-        source_name=state.key.scope_id,
-        session_id=state.key.scope_id,
-        source_message_id=source_message,
-    )
 
-    def add(category: str, key: str, value: str) -> MemoryRow:
+    def provenance(speaker: Speaker) -> Provenance:
+        return Provenance(
+            source_id=source.id,
+            source_type="conversation",
+            source_name=state.key.scope_id,
+            session_id=state.key.scope_id,
+            source_message_id=said.get((speaker.owner_id, speaker.trust), source_message),
+        )
+
+    def add(speaker: Speaker, category: str, key: str, value: str) -> MemoryRow:
+        owner_id = state.owner_id if speaker.owner_id is None else speaker.owner_id
         scope, row_owner = categories.reviewer_scope(
-            category, agent_id=state.agent_id, owner_id=state.owner_id, trust=state.trust
+            category, agent_id=state.agent_id, owner_id=owner_id, trust=speaker.trust
         )
         return writes.upsert_row(
             agent_id=state.agent_id,
@@ -399,14 +429,14 @@ def _apply(
             key=key,
             value=value,
             promote_target=model.TARGET_OF[category],
-            provenance=provenance,
+            provenance=provenance(speaker),
         )
 
     written: list[MemoryRow] = []
-    for op in operations:
+    for op, speaker in zip(admission.admitted, admission.authors, strict=True):
         if op.op == "add":
             assert op.category and op.key and op.value
-            written.append(add(op.category, op.key, op.value))
+            written.append(add(speaker, op.category, op.key, op.value))
             continue
         assert op.id is not None
         before = writes.require_row(op.id)
@@ -421,7 +451,7 @@ def _apply(
         if model.TARGET_OF[category] != model.TARGET_OF[before.category]:
             # Moving a row between files would change its scope: archive and add instead.
             written.append(writes.archive_row(op.id, by=review.REVIEWER, reason="moved"))
-            written.append(add(category, op.key or before.key, op.value))
+            written.append(add(speaker, category, op.key or before.key, op.value))
             continue
         new_key = op.key
         if new_key is not None and new_key != before.key:
@@ -438,7 +468,11 @@ def _apply(
                 new_key = None
         written.append(
             writes.replace_row(
-                op.id, value=op.value, key=new_key, category=op.category, provenance=provenance
+                op.id,
+                value=op.value,
+                key=new_key,
+                category=op.category,
+                provenance=provenance(speaker),
             )
         )
     return written

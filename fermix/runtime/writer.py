@@ -17,6 +17,7 @@ compactor, a tool call, the CLI, the doctor):
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -68,18 +69,28 @@ class Writer:
         self._stale_agents: set[str] = set()
 
     def append(
-        self, new: NewMessage, *, trust: str, peak_prompt_tokens: int | None = None
+        self,
+        new: NewMessage,
+        *,
+        trust: str,
+        peak_prompt_tokens: int | None = None,
+        owner_id: str | None = None,
     ) -> Message:
         """Store ``new`` (and its conversation's owner, trust and recorded peak) (A1).
+
+        ``owner_id`` and ``trust`` are the conversation's (the handle's), which may differ
+        from the message's author in a group chat (M1); ``owner_id`` defaults to the
+        author's.
 
         Returns the stored row once committed, after it was handed to the conversation's
         actor; raises :class:`~fermix.errors.WriteFailedError` after the retries, and then
         nothing of it was kept.
         """
         key = new.key
+        owner = new.owner_id if owner_id is None else owner_id
 
         def unit(writes: Writes) -> Message:
-            writes.touch_conversation(key, owner_id=new.owner_id, trust=trust)
+            writes.touch_conversation(key, owner_id=owner, trust=trust)
             stored = writes.insert_message(new)
             if peak_prompt_tokens is not None:
                 writes.update_conversation(key, peak_prompt_tokens=peak_prompt_tokens)
@@ -87,9 +98,9 @@ class Writer:
 
         with self._stripes[hash(key) % ORDER_STRIPES]:
             try:
-                stored = self._db.write(unit, label=f"append to {_name(key)}")
+                stored = self._db.write(unit, label=_append_label(key))
             except WriteFailedError:
-                log.error("append to %s was not written", _name(key))
+                log.error("%s was not written", _append_label(key))
                 raise
             self._deliver(stored)
         return stored
@@ -169,3 +180,9 @@ class Writer:
 
 def _name(key: ConversationKey) -> str:
     return f"{key.agent_id}/{key.scope_id}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _append_label(key: ConversationKey) -> str:
+    """The label of an append to ``key`` in logs and errors, formatted once per key."""
+    return f"append to {_name(key)}"

@@ -14,7 +14,7 @@ from fermix.storage.connection import fetch_value
 
 _COLUMNS = (
     "id, agent_id, owner_id, channel, chat_id, thread_scope, sender, role, kind, content, "
-    "metadata_json, created_at"
+    "metadata_json, created_at, trust"
 )
 
 
@@ -22,29 +22,53 @@ def _row(values: tuple[Any, ...]) -> Message:
     return Message(*values)
 
 
+_INSERT = (
+    "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
+    " kind, content, metadata_json, created_at, trust) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+)
+_INSERT_WITH_CONVERSATION_TRUST = (
+    "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
+    " kind, content, metadata_json, created_at, trust) VALUES (?,?,?,?,?,?,?,?,?,?,?,"
+    " coalesce((SELECT trust FROM conversations WHERE agent_id = ? AND channel = ?"
+    " AND chat_id = ? AND thread_scope = ?), 'guest'))"
+    " RETURNING id, trust"
+)
+
+
 def insert(conn: apsw.Connection, new: NewMessage, *, created_at: int | None = None) -> Message:
-    """Insert ``new`` in the caller's transaction and return the stored row."""
+    """Insert ``new`` in the caller's transaction and return the stored row.
+
+    Its trust is ``new.trust``, or else its conversation's (a guest's without a row, M2).
+    """
     metadata_json = new.metadata_json()
     ts = now_ms() if created_at is None else created_at
-    row = conn.execute(
-        "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
-        " kind, content, metadata_json, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
-        f" RETURNING {_COLUMNS}",
-        (
-            new.key.agent_id,
-            new.owner_id,
-            new.key.channel,
-            new.key.chat_id,
-            new.key.thread_scope,
-            new.sender,
-            new.role,
-            new.kind,
-            new.content,
-            metadata_json,
-            ts,
-        ),
-    ).fetchall()[0]
-    return _row(row)
+    agent_id, channel, chat_id, thread_scope = new.key.as_tuple()
+    values = (
+        agent_id,
+        new.owner_id,
+        channel,
+        chat_id,
+        thread_scope,
+        new.sender,
+        new.role,
+        new.kind,
+        new.content,
+        metadata_json,
+        ts,
+    )
+    # The row is built from the values just bound (no trigger or default changes a column
+    # of it); only what SQLite decides is read back: the id, and a trust left to it.
+    trust: str
+    if new.trust is not None:
+        trust = new.trust
+        conn.execute(_INSERT, (*values, trust))
+        message_id = conn.last_insert_rowid()
+    else:
+        row: tuple[Any, ...] = conn.execute(
+            _INSERT_WITH_CONVERSATION_TRUST, (*values, agent_id, channel, chat_id, thread_scope)
+        ).fetchall()[0]
+        message_id, trust = row
+    return Message(message_id, *values, trust)
 
 
 def get(conn: apsw.Connection, message_id: int) -> Message | None:

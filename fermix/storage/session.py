@@ -14,6 +14,7 @@ sessions with the same operations; the layers above do not change.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -31,11 +32,20 @@ R = TypeVar("R")
 
 
 class _Op(Generic[P, R]):
-    """A table-family function of a connection, offered as a method of a session."""
+    """A table-family function of a connection, offered as a method of a session.
+
+    The function bound to the session's connection is a :func:`functools.partial` (no
+    Python frame of its own per call), made at the first access and kept on the session:
+    this is a non-data descriptor, so later accesses find it in the instance's dict.
+    """
 
     def __init__(self, fn: Callable[Concatenate[apsw.Connection, P], R]) -> None:
         self._fn = fn
+        self._name = fn.__name__
         self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._name = name
 
     @overload
     def __get__(self, session: None, owner: type[Any]) -> _Op[P, R]: ...
@@ -46,11 +56,8 @@ class _Op(Generic[P, R]):
     def __get__(self, session: Reads | None, owner: type[Any]) -> _Op[P, R] | Callable[P, R]:
         if session is None:
             return self
-        fn, conn = self._fn, session._conn
-
-        def bound(*args: P.args, **kwargs: P.kwargs) -> R:
-            return fn(conn, *args, **kwargs)
-
+        bound: Callable[P, R] = functools.partial(self._fn, session._conn)
+        session.__dict__[self._name] = bound
         return bound
 
 

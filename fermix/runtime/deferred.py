@@ -1,0 +1,164 @@
+"""Rebuilds of prompt files deferred to a background thread, and the marker that tells (M6).
+
+A shared row renders for every owner of its agent. After a review writes one, the
+conversation's own owner (and the agent's default owner ``""``) are rebuilt at once and
+every other owner later (:meth:`~fermix.runtime.prompt_files.PromptFiles.rebuild_for_rows`
+with ``defer_shared``): queued for a background thread that rebuilds them one at a time,
+and rebuilt first on that owner's next compose
+(:meth:`~fermix.runtime.prompt_files.PromptFiles.texts`) if the thread has not got there
+yet. A marker file per agent (:data:`SHARED_MARK`) tells other processes that such rebuilds
+were queued, so their next compose of an owner of that agent checks the files against the
+rows; a process that stopped before its thread finished leaves files that lag, repaired at
+the next start (:meth:`~fermix.runtime.prompt_files.PromptFiles.repair`) or on compose.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from fermix.home import Home, set_private_file_mode
+from fermix.runtime import files
+
+log = logging.getLogger(__name__)
+
+SHARED_MARK = ".shared-rows"
+"""The marker in ``memory/<agent_id>/`` replaced whenever rebuilds of that agent's owners
+are queued (M6): a compose in any process then checks the owner's files against the rows."""
+
+Pair = tuple[str, str]
+
+
+class DeferredRebuilds:
+    """The rebuilds :class:`~fermix.runtime.prompt_files.PromptFiles` queues for later, and
+    the background thread that runs them one at a time.
+
+    PromptFiles mixes this in: its constructor sets the state below (``_state`` also guards
+    the pairs it has composed) and its :meth:`rebuild` does each rebuild.
+    """
+
+    home: Home
+    _state: threading.Condition
+    _later: dict[Pair, str]
+    _running: int
+    _thread: threading.Thread | None
+    _failed: set[str]
+
+    def rebuild(self, agent_id: str, owner_id: str = "", *, reason: str = "rebuild") -> object:
+        """Render both prompt files of ``agent_id`` for ``owner_id`` (PromptFiles does)."""
+        raise NotImplementedError
+
+    def defer(self, pairs: Iterable[Pair], *, reason: str = "rebuild") -> int:
+        """Queue rebuilds of ``pairs`` for the background thread; returns how many are new.
+
+        Each agent's marker is replaced so that other processes check those owners' files
+        on their next compose. A pair already queued keeps its place.
+        """
+        pairs = [p for p in pairs if has_files(*p)]
+        with self._state:
+            fresh = [p for p in pairs if p not in self._later]
+            for pair in fresh:
+                self._later[pair] = reason
+        for agent_id in sorted({a for a, _ in pairs}):
+            try:
+                _write_mark(files.prompt_dir(self.home, agent_id))
+            except OSError as exc:
+                log.warning("marker of %s not written: %s", agent_id, exc)
+        if fresh:
+            self._start_thread()
+        return len(fresh)
+
+    @property
+    def queued(self) -> int:
+        """Rebuilds queued or running."""
+        with self._state:
+            return len(self._later) + self._running
+
+    def settle(self) -> int:
+        """Run every queued rebuild on this thread, wait for the background thread's
+        current one, and return how many this call ran."""
+        ran = 0
+        while True:
+            with self._state:
+                if not self._later:
+                    self._state.wait_for(lambda: self._running == 0)
+                    return ran
+                pair, reason = next(iter(self._later.items()))
+                del self._later[pair]
+            self._rebuild_queued(pair, reason)
+            ran += 1
+
+    def take_failed_agents(self) -> set[str]:
+        """The agents whose queued rebuild failed since the last call (for a repair)."""
+        with self._state:
+            failed, self._failed = self._failed, set()
+        return failed
+
+    def _start_thread(self) -> None:
+        with self._state:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._drain, name="fermix-prompt-files", daemon=True
+            )
+            self._thread.start()
+
+    def _drain(self) -> None:
+        """The background thread: run queued rebuilds, one at a time, until none is left."""
+        while True:
+            with self._state:
+                if not self._later:
+                    self._thread = None
+                    return
+                pair, reason = next(iter(self._later.items()))
+                del self._later[pair]
+            self._rebuild_queued(pair, reason)
+
+    def _rebuild_queued(self, pair: Pair, reason: str) -> None:
+        """Run one queued rebuild; a failure is logged and left to a repair, never raised."""
+        with self._state:
+            self._running += 1
+        try:
+            self.rebuild(*pair, reason=reason)
+        except Exception as exc:  # noqa: BLE001 - a background rebuild must not die: S1
+            log.warning("prompt files of %s/%r not rebuilt, left to a repair: %s", *pair, exc)
+            with self._state:
+                self._failed.add(pair[0])
+        finally:
+            with self._state:
+                self._running -= 1
+                self._state.notify_all()
+
+
+def read_mark(folder: Path) -> bytes | None:
+    """The content of ``folder``'s :data:`SHARED_MARK`, or None when it has none."""
+    return files.read_bytes(folder / SHARED_MARK)
+
+
+def _write_mark(folder: Path) -> None:
+    """Replace ``folder``'s :data:`SHARED_MARK` with new content (temp file and rename, not
+    fsynced: a lost marker only means a compose reads files the next start repairs)."""
+    files.make_private_dir(folder)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{SHARED_MARK}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            set_private_file_mode(fh.fileno())
+            fh.write(uuid.uuid4().hex.encode())
+        os.replace(tmp, folder / SHARED_MARK)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def has_files(agent_id: str, owner_id: str) -> bool:
+    """Whether ``agent_id`` and ``owner_id`` can name a folder of prompt files; a warning
+    when they cannot (:func:`~fermix.runtime.files.has_files`)."""
+    if files.has_files(agent_id, owner_id):
+        return True
+    log.warning("no prompt files for agent %r, owner %r: unsafe ids", agent_id, owner_id)
+    return False
