@@ -88,7 +88,8 @@ from fermix.core.review import ReviewResult
 from fermix.home import Home
 from fermix.model import ConversationKey, MemoryRow, Message, NewMessage
 from fermix.runtime.prompt_files import PromptFiles
-from fermix.runtime.reviewing import AGENT_TAG, Reviewing, shown_rows
+from fermix.runtime.review_inputs import shown_rows
+from fermix.runtime.reviewing import AGENT_TAG, Reviewing
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Writes
 

@@ -14,7 +14,7 @@ from model_server import ModelServer
 from fermix import Conversation, Memory
 from fermix.config import CompactionConfig
 from fermix.core import categories
-from fermix.core.commands import Command, allowed, help_text, parse, refusal
+from fermix.core.commands import NO_MODEL_REPLY, Command, allowed, help_text, parse, refusal
 from fermix.model import Provenance
 from fermix.storage import Writes, open_database
 
@@ -251,6 +251,17 @@ def test_k4_compact_with_nothing_to_summarize_says_so_and_changes_nothing(
     assert conv.handle_command("/compact") == "Nothing to compact yet."
     assert dump(running) == before
     assert model_server.requests == []
+
+
+def test_k4_m8_compact_without_a_model_says_compaction_is_off_and_changes_nothing(
+    memory: Memory,
+) -> None:
+    conv = memory.conversation("agent", "telegram", "1", owner_id="alice", trust="operator")
+    fill(conv, 30)
+    before = dump(memory)
+    reply = conv.handle_command("/compact")
+    assert reply == NO_MODEL_REPLY == "Compaction is off: no model is configured."
+    assert dump(memory) == before
 
 
 def test_k4_a_failed_compact_reports_the_error_and_keeps_the_window(

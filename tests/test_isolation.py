@@ -20,7 +20,7 @@ from fermix.home import Home
 from fermix.model import ConversationKey, MemoryRow, NewMessage, Scope
 from fermix.runtime import prompt_files, recall
 from fermix.runtime.prompt_files import PromptFiles
-from fermix.runtime.reviewing import shown_rows
+from fermix.runtime.review_inputs import shown_rows
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Writes
 from fermix.tools import MemoryTools

@@ -5,6 +5,7 @@ model anywhere, fermix says so once at start and skips reviews and compaction as
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from fermix.cli import main
 from fermix.cli.doctor_checks import diagnosis as doctor
 from fermix.clock import now_ms
 from fermix.config import Config, MemoryConfig, ModelConfig
+from fermix.core.review import Skip
 from fermix.errors import ConfigError
 from fermix.home import Home
 
@@ -134,13 +136,29 @@ def test_m8_without_a_model_start_warns_once_and_reviews_and_compactions_skip_as
     review = memory.review(conv)  # asked after the dispatched ones: they have run
     compaction = memory.compact(conv, force=True)
 
-    assert review.status == "skipped" and review.error is not None
-    assert review.error.startswith("no_model")
+    assert review.status == "skipped" and review.skip == Skip.NO_MODEL
     assert compaction.status == "skipped" and compaction.reason == "no_model"
     state = conv.state()
     assert state is not None and state.review_failed_at is None  # no failure, no backoff
     assert state.compaction_failed_at is None
     assert len(_warnings(caplog)) == 1
+
+
+def test_m8_memory_review_now_without_a_model_skips_as_no_model_instead_of_failing(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Memory(home) as memory:
+        conv = memory.conversation(AGENT, "telegram", "42", owner_id="ana")
+        conv.append_user("I work as a nurse in Porto.")
+        conv.commit("Noted.")
+
+    assert main(["memory", "review", "--now", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["failed"] == 0
+    assert [(r["status"], r["skip"]) for r in report["reviews"]] == [("skipped", "no_model")]
+    with Memory(home) as memory:
+        state = memory.conversation(AGENT, "telegram", "42", owner_id="ana").state()
+    assert state is not None and state.review_failed_at is None  # no failure, no backoff
 
 
 # -- an unknown context window ----------------------------------------------------------

@@ -739,15 +739,16 @@ def test_e4_a_model_refusing_the_request_is_a_failure_with_the_backoff(
     assert stored_state(home, conv.key).review_failed_at == clock.now
 
 
-def test_e4_no_configured_model_is_a_failure_not_a_crash(
+def test_e4_m8_no_configured_model_skips_the_review_as_no_model_not_a_failure_nor_a_crash(
     make_rig: Callable[..., Rig], home: Path
 ) -> None:
     rig = make_rig(Config())
     conv = rig.conversation("1", owner_id="alice")
     conv.append_user("I'm Ana")
     result = rig.review(conv)
-    assert result.status == "failed" and "No model is configured" in (result.error or "")
-    assert stored_state(home, conv.key).review_failed_at is not None
+    assert result.status == "skipped" and result.skip is Skip.NO_MODEL
+    state = stored_state(home, conv.key)
+    assert state.review_failed_at is None and state.review_claim_token is None  # no backoff
 
 
 # -- the gates and the claim (E2) ----------------------------------------------------------

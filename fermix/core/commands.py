@@ -72,6 +72,10 @@ CLEARED = "Started a fresh conversation window. Long-term memory is kept."
 """The reply to ``/new`` and ``/clear``."""
 
 
+NO_MODEL_REPLY = "Compaction is off: no model is configured."
+"""The reply to ``/compact`` when no model is configured (M8): not "nothing to compact"."""
+
+
 def compaction_reply(result: CompactionResult) -> str:
     """The reply to ``/compact``: what the compaction did."""
     if result.status == "compacted":
@@ -81,4 +85,6 @@ def compaction_reply(result: CompactionResult) -> str:
         )
     if result.status == "failed":
         return f"Compaction failed: {result.error}"
+    if result.reason == "no_model":
+        return NO_MODEL_REPLY
     return "Nothing to compact yet."

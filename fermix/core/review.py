@@ -42,6 +42,8 @@ class Skip(StrEnum):
     FAILURE_BACKOFF = "failure_backoff"
     NO_NEW_MESSAGES = "no_new_messages"
     CLAIMED = "claimed"
+    NO_MODEL = "no_model"
+    """No model is configured (M8): reviews are off, not failing into their backoff."""
 
 
 @dataclass

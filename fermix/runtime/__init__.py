@@ -1,13 +1,13 @@
 """The private runtime both facades share: it orders and owns every write.
 
-:mod:`~fermix.runtime.engine` wires one process together, with
-:mod:`~fermix.runtime.pool` (requests to the pooled Reviewers and Compactors),
-:mod:`~fermix.runtime.timer` (the periodic sweep and passivation),
-:mod:`~fermix.runtime.windows` (what conversation actors read) and
-:mod:`~fermix.runtime.reviews_off` (reviews without a model); :mod:`~fermix.runtime.writer`
-is the one write path; :mod:`~fermix.runtime.prompt_files` rebuilds USER.md and MEMORY.md
-through it, :mod:`~fermix.runtime.deferred` the other owners' rebuilds later;
+:mod:`~fermix.runtime.engine` wires one process together, with :mod:`~fermix.runtime.pool`
+(requests to the pooled Reviewers and Compactors), :mod:`~fermix.runtime.timer` (the
+periodic sweep and passivation), :mod:`~fermix.runtime.windows` (what conversation actors
+read); :mod:`~fermix.runtime.writer` is the one write path;
+:mod:`~fermix.runtime.prompt_files` rebuilds USER.md and MEMORY.md through it,
+:mod:`~fermix.runtime.deferred` the other owners' rebuilds later;
 :mod:`~fermix.runtime.registry` finds and passivates conversation actors;
-:mod:`~fermix.runtime.reviewing`, :mod:`~fermix.runtime.compacting` and
-:mod:`~fermix.runtime.recall` are the use cases the actors and the tools run.
+:mod:`~fermix.runtime.reviewing` (with ``review_inputs`` and ``review_apply``),
+:mod:`~fermix.runtime.compacting`, :mod:`~fermix.runtime.recall` and
+:mod:`~fermix.runtime.jobs` are the use cases the actors, the tools and the facades run.
 """

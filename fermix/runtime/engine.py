@@ -26,7 +26,7 @@ import pykka
 from fermix import llm
 from fermix.actors.compactor import Compact, Compactor
 from fermix.actors.conversation import Appended, ConversationStore, History, Reload, StateQuery
-from fermix.actors.reviewer import Review, Reviewer, ReviewRunner
+from fermix.actors.reviewer import Review, Reviewer
 from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.core.compaction import CompactionResult
@@ -45,7 +45,6 @@ from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
 from fermix.runtime.reviewing import Reviewing
-from fermix.runtime.reviews_off import ReviewsOff
 from fermix.runtime.timer import Timer
 from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
@@ -139,9 +138,7 @@ class Runtime:
         windows = Windows(db)
         max_history = config.memory.max_conversation_history
         compacting = self.compacting
-        reviewing: ReviewRunner = self.reviewing
-        if self.reviewing.route.primary is None:
-            reviewing = ReviewsOff(self.reviewing, db, config, self._clock)  # M8
+        reviewing = self.reviewing
         tree = self._current_tree  # set once the tree has started; the pools ask it later
         reviewers = self.reviewers = Pool("reviewer", config.memory.review_workers, tree)
         compactors = self.compactors = Pool("compactor", config.compaction.workers, tree)

@@ -9,103 +9,32 @@ prompt files of this conversation's owner (every other owner's later, M6). The r
 :mod:`fermix.core.review`, ``review_answer`` and ``review_admission``; storage is reached
 only through read and write sessions. The :class:`~fermix.actors.reviewer.Reviewer` actor
 runs reviews one at a time off the host's path; ``fermix memory review --now`` calls the
-same object.
+same object. The rows a review is shown are chosen in :mod:`~fermix.runtime.review_inputs`,
+its admitted operations written by :mod:`~fermix.runtime.review_apply`.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from fermix import llm, model
+from fermix import llm
 from fermix.clock import now_ms
 from fermix.config import Config
-from fermix.core import categories, review, review_admission, review_answer
+from fermix.core import review, review_admission, review_answer
 from fermix.core.review import CLAIM_TTL_MS, ReviewResult, Skip
-from fermix.core.review_admission import Speaker
 from fermix.errors import FermixError, ModelError, ReviewOutputError
-from fermix.model import ConversationKey, ConversationState, MemoryRow, Provenance
+from fermix.model import ConversationKey, ConversationState, MemoryRow
+from fermix.runtime.review_apply import apply_admitted
+from fermix.runtime.review_inputs import shown_rows
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads, Writes
+from fermix.storage import Database, Writes
 
 log = logging.getLogger(__name__)
 
 AGENT_TAG = "memory_reviewer"
 """How the review's model calls are tagged in litellm's metadata and the ``fermix.llm`` log."""
-
-
-NEWEST_ROWS = 200
-"""Most recently updated rows a review's row selection considers (M6)."""
-RELEVANT_ROWS = 200
-"""Rows matching the messages' words a review's row selection considers (M6)."""
-
-
-def _places(
-    state: ConversationState, speakers: Sequence[Speaker] | None = None
-) -> list[tuple[str, model.Scope]]:
-    """The (owner, scope) pairs a review of this conversation may see and touch (SC3, M1).
-
-    Those of each speaker of the messages under review (each one's profile rows, and the
-    agent's working-knowledge rows they may change: the shared ones for an operator, their
-    own for a guest); without speakers, those of the conversation's owner and trust.
-    """
-    if speakers is None:
-        speakers = (Speaker("S1", state.owner_id, state.trust),)
-    places: list[tuple[str, model.Scope]] = []
-    for speaker in speakers:
-        for place in speaker.places(state.agent_id):
-            if place not in places:
-                places.append(place)
-    return places
-
-
-def shown_rows(
-    reads: Reads,
-    state: ConversationState,
-    messages: Sequence[model.Message] | None = None,
-    *,
-    token_budget: int | None = None,
-    model_name: str | None = None,
-    speakers: Sequence[Speaker] | None = None,
-) -> list[MemoryRow]:
-    """The rows a review of this conversation is shown, by id (E3, SC3, M6, M1).
-
-    Only rows of the places its speakers may touch (:func:`_places`; the speakers of
-    ``messages`` when given, else ``speakers``, else the conversation's owner): a guest's
-    rows are never shown to a review of another owner's words. With ``messages`` and a
-    ``token_budget``: those most related to the messages (full-text search over the rows
-    of those places) and the newest, taken in turn until the budget is spent
-    (:func:`fermix.core.review.pick_rows`). Without: every row of those places.
-    """
-    if messages is not None and speakers is None:
-        speakers = review.speakers_of(messages)
-    places = _places(state, speakers)
-    if messages is None or token_budget is None:
-        rows = [
-            row
-            for owner_id, scope in places
-            for row in reads.rows(agent_id=state.agent_id, owner_id=owner_id, scopes=[scope])
-        ]
-        return sorted(rows, key=lambda r: r.id)
-    relevant = reads.relevant_rows(
-        [m.content for m in messages],
-        agent_id=state.agent_id,
-        places=places,
-        limit=RELEVANT_ROWS,
-    )
-    newest = sorted(
-        (
-            row
-            for owner_id, scope in places
-            for row in reads.rows(
-                agent_id=state.agent_id, owner_id=owner_id, scopes=[scope], limit=NEWEST_ROWS
-            )
-        ),
-        key=lambda r: (r.updated_at, r.id),
-        reverse=True,
-    )[:NEWEST_ROWS]
-    return review.pick_rows(relevant, newest, token_budget=token_budget, model=model_name)
 
 
 class Reviewing:
@@ -219,6 +148,10 @@ class Reviewing:
         )
         if skip is not None or state is None:
             return ReviewResult(key, "skipped", skip=skip or Skip.NO_NEW_MESSAGES), newest
+        if self.route.primary is None:
+            # No model configured: the start of the process said so once (M8); a review the
+            # gates would run is skipped, neither failed nor put into its backoff.
+            return ReviewResult(key, "skipped", skip=Skip.NO_MODEL), newest
         token = uuid.uuid4().hex
 
         def claim(writes: Writes) -> Skip | None:
@@ -325,7 +258,7 @@ class Reviewing:
         }
 
         def apply(writes: Writes) -> list[MemoryRow]:
-            written = _apply(writes, state, admission, said, last)
+            written = apply_admitted(writes, state, admission, said, last)
             self._finish(writes, key, token, last, caught_up=caught_up)
             return written
 
@@ -384,95 +317,3 @@ class Reviewing:
             )
         except FermixError:
             log.exception("could not record the failed review of %s", key.scope_id)
-
-
-def _apply(
-    writes: Writes,
-    state: ConversationState,
-    admission: review_admission.Admission,
-    said: dict[tuple[str | None, str], int],
-    source_message: int,
-) -> list[MemoryRow]:
-    """Write admitted operations in the caller's unit; return the rows as before/after.
-
-    Each operation is written as its speaker's (M1): a fact lands in the places of the
-    person who said it, with their trust, and its provenance names their last message.
-    """
-    if not admission.admitted:
-        return []  # nothing to attribute: no memory source is created either
-    source = writes.ensure_source(
-        agent_id=state.agent_id,
-        owner_id=state.owner_id,
-        source_type="conversation",
-        name=state.key.scope_id,
-    )
-
-    def provenance(speaker: Speaker) -> Provenance:
-        return Provenance(
-            source_id=source.id,
-            source_type="conversation",
-            source_name=state.key.scope_id,
-            session_id=state.key.scope_id,
-            source_message_id=said.get((speaker.owner_id, speaker.trust), source_message),
-        )
-
-    def add(speaker: Speaker, category: str, key: str, value: str) -> MemoryRow:
-        owner_id = state.owner_id if speaker.owner_id is None else speaker.owner_id
-        scope, row_owner = categories.reviewer_scope(
-            category, agent_id=state.agent_id, owner_id=owner_id, trust=speaker.trust
-        )
-        return writes.upsert_row(
-            agent_id=state.agent_id,
-            owner_id=row_owner,
-            scope=scope,
-            category=category,
-            key=key,
-            value=value,
-            promote_target=model.TARGET_OF[category],
-            provenance=provenance(speaker),
-        )
-
-    written: list[MemoryRow] = []
-    for op, speaker in zip(admission.admitted, admission.authors, strict=True):
-        if op.op == "add":
-            assert op.category and op.key and op.value
-            written.append(add(speaker, op.category, op.key, op.value))
-            continue
-        assert op.id is not None
-        before = writes.require_row(op.id)
-        written.append(before)
-        if op.op == "archive":
-            written.append(
-                writes.archive_row(op.id, by=review.REVIEWER, reason=op.reason or "stale")
-            )
-            continue
-        assert op.value is not None
-        category = op.category or before.category
-        if model.TARGET_OF[category] != model.TARGET_OF[before.category]:
-            # Moving a row between files would change its scope: archive and add instead.
-            written.append(writes.archive_row(op.id, by=review.REVIEWER, reason="moved"))
-            written.append(add(speaker, category, op.key or before.key, op.value))
-            continue
-        new_key = op.key
-        if new_key is not None and new_key != before.key:
-            taken = writes.row_by_key(
-                agent_id=before.agent_id,
-                owner_id=before.owner_id,
-                scope=before.scope,
-                key=new_key,
-            )
-            if taken is not None:
-                # Renaming onto another row's key would fail the whole review: keep the
-                # row's key and still take the new value.
-                log.info("review kept key %r of row %d: %r is taken", before.key, op.id, new_key)
-                new_key = None
-        written.append(
-            writes.replace_row(
-                op.id,
-                value=op.value,
-                key=new_key,
-                category=op.category,
-                provenance=provenance(speaker),
-            )
-        )
-    return written

@@ -42,19 +42,10 @@ jittered waits), each attempt running the whole batch again. After the last atte
 unit of the batch fails with :class:`WriteFailedError` and nothing of it was committed; any
 other database error of ``BEGIN`` or ``COMMIT`` fails the batch the same way, without retry.
 
-**Checkpoints off the acknowledged path.** In WAL mode SQLite's own auto-checkpoint copies
-the log back into the database file inside the ``COMMIT`` that crosses 1,000 log pages,
-fsyncs included: that caller (and, under contention, every caller queued behind it) waits
-milliseconds for work its write does not need. The committer replaces it with a
-:class:`_Checkpointer`: a thread of its own, on a connection of its own, that runs a
-``PASSIVE`` checkpoint beside the writes each time the log grew :data:`CHECKPOINT_PAGES`
-more pages (SQLite lets a checkpoint run while another connection writes). Under a steady
-stream of commits such a checkpoint never quite catches up, and only a checkpoint that
-caught up lets the next write start the log over; so once the log holds
-:data:`CHECKPOINT_INLINE_PAGES` pages the committing party checkpoints after its
-``COMMIT``, as SQLite would, copying only what the background left. Durability is SQLite's
-(``synchronous=NORMAL``): a commit is in the log before it is acknowledged, whoever copies
-the log later and whenever.
+**Checkpoints off the acknowledged path.** SQLite's own auto-checkpoint (inside the
+``COMMIT`` that crosses 1,000 log pages) is replaced by :mod:`fermix.storage.checkpoint`:
+a background thread copies the log back beside the writes, and the committing party only
+once the log has grown large.
 
 :meth:`Committer.close` refuses new work, lets the work already queued or running commit,
 stops the writer and checkpoint threads and closes the connections.
@@ -64,7 +55,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -74,12 +64,10 @@ import apsw
 import tenacity
 
 from fermix.errors import StorageError, WriteFailedError
-from fermix.storage.connection import connect
+from fermix.storage.checkpoint import CHECKPOINT_INLINE_PAGES, CHECKPOINT_PAGES, WalCheckpoints
 from fermix.storage.retry import DEFAULT_RETRY, TRANSIENT_ERRORS, RetryPolicy, retrying
 
 __all__ = [
-    "CHECKPOINT_INLINE_PAGES",
-    "CHECKPOINT_PAGES",
     "QUEUE_AFTER_CONTENTION",
     "TRANSIENT_ERRORS",
     "Committer",
@@ -94,12 +82,6 @@ Work = Callable[[apsw.Connection], Any]
 QUEUE_AFTER_CONTENTION = 64
 """Calls that go through the queue after a call found another write in flight; a caller
 that finds none this many calls in a row commits alone again."""
-
-CHECKPOINT_PAGES = 1000
-"""Log pages written between two background checkpoints (SQLite's auto-checkpoint default)."""
-
-CHECKPOINT_INLINE_PAGES = 4000
-"""Log pages at which the committing party checkpoints itself after its ``COMMIT``."""
 
 
 class _Unit:
@@ -172,17 +154,16 @@ class Committer:
         """Where the writer sleeps until it is handed the connection or closed."""
         self.batches = 0
         """Transactions committed, for benchmarks and tests."""
-        self._wal_pages = 0
-        """Pages in the log after the last commit (told by SQLite's WAL hook)."""
-        self._checkpoint_at = checkpoint_pages
-        self._checkpoint_pages = checkpoint_pages
-        self._inline_pages = inline_pages
-        self._checkpointer: _Checkpointer | None = None
-        if checkpoint_pages and _in_wal_mode(conn):
-            self._checkpointer = _Checkpointer(conn)
-            conn.set_wal_hook(self._wal_committed)  # replaces SQLite's auto-checkpoint
-        else:
-            self._checkpoint_at = sys.maxsize  # SQLite's own auto-checkpoint stays
+        self._checkpoints = WalCheckpoints(
+            conn, checkpoint_pages=checkpoint_pages, inline_pages=inline_pages
+        )
+        self._checkpointer = self._checkpoints.checkpointer
+        """The background checkpoints' thread (None when SQLite's own checkpoints stay)."""
+
+    @property
+    def _wal_pages(self) -> int:
+        """Pages in the log after the last commit, for tests."""
+        return self._checkpoints.pages
 
     def run(self, work: Callable[[apsw.Connection], T], *, label: str = "write") -> T:
         """Run ``work(conn)`` in a write transaction; return its result once committed.
@@ -226,8 +207,7 @@ class Committer:
         if writer is not None:
             writer.join()
         try:
-            if self._checkpointer is not None:
-                self._checkpointer.close()
+            self._checkpoints.close()
         finally:
             self._conn.close()
 
@@ -383,36 +363,9 @@ class Committer:
             raise
         for unit in batch:
             unit.ok = True
-        if self._wal_pages >= self._checkpoint_at:
-            self._checkpoint()
-
-    def _wal_committed(self, conn: apsw.Connection, dbname: str, pages: int) -> int:
-        """SQLite's WAL hook, called in each ``COMMIT``: only note the log's size."""
-        if pages < self._wal_pages:  # the log started over
-            self._checkpoint_at = self._checkpoint_pages
-        self._wal_pages = pages
-        return apsw.SQLITE_OK
-
-    def _checkpoint(self) -> None:
-        """After a commit that grew the log: a checkpoint in the background, or here.
-
-        Called by the connection's holder, so the log's size it reads is current.
-        """
-        pages = self._wal_pages
-        assert self._checkpointer is not None
-        if pages >= self._inline_pages:
-            try:
-                self._conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-            except apsw.BusyError:
-                pass  # a checkpoint is under way (ours, or another process's): try next time
-            except apsw.Error as exc:  # the commit stands; the next one tries again
-                log.warning("checkpoint of the write-ahead log failed: %s", exc)
-            # If it caught up, the next write starts the log over; if not, the next commit
-            # past the threshold tries again.
-            self._checkpoint_at = self._checkpoint_pages
-            return
-        self._checkpoint_at = min(pages + self._checkpoint_pages, self._inline_pages)
-        self._checkpointer.request()
+        checkpoints = self._checkpoints
+        if checkpoints.pages >= checkpoints.due_at:
+            checkpoints.checkpoint(conn)
 
     def _commit_isolated(self, batch: list[_Unit]) -> None:
         """The batch again, each unit in a savepoint, leaving out the ones that raise."""
@@ -446,67 +399,6 @@ class Committer:
     def _rollback(self) -> None:
         if not self._conn.get_autocommit():
             self._conn.execute("ROLLBACK")
-
-
-class _Checkpointer:
-    """A thread with a connection of its own that checkpoints the log when asked.
-
-    Started at the first request. A ``PASSIVE`` checkpoint takes no lock a writer needs:
-    it copies what is committed and leaves the rest to the next one. One that cannot run
-    (another process checkpointing, a fault) is logged and left to the next request.
-    """
-
-    def __init__(self, conn: apsw.Connection) -> None:
-        self._path = conn.filename
-        self._vfs = conn.open_vfs
-        self._wanted = threading.Event()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        self.checkpoints = 0
-        """Checkpoints run, for tests."""
-
-    def request(self) -> None:
-        """Ask for a checkpoint soon (cheap; several requests may make one checkpoint)."""
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._loop, name="fermix-checkpointer", daemon=True
-            )
-            self._thread.start()
-        self._wanted.set()
-
-    def close(self) -> None:
-        """Stop the thread after one last checkpoint, and close its connection."""
-        self._closed = True
-        self._wanted.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _loop(self) -> None:
-        try:
-            conn = connect(self._path, vfs=self._vfs)
-        except (apsw.Error, StorageError) as exc:
-            log.warning("no background checkpoints: %s", exc)
-            return
-        try:
-            while True:
-                self._wanted.wait()
-                self._wanted.clear()
-                closed = self._closed  # a last checkpoint of everything committed, then out
-                try:
-                    conn.wal_checkpoint(mode=apsw.SQLITE_CHECKPOINT_PASSIVE)
-                except apsw.Error as exc:
-                    log.debug("background checkpoint not run: %s", exc)
-                else:
-                    self.checkpoints += 1
-                if closed:
-                    return
-        finally:
-            conn.close()
-
-
-def _in_wal_mode(conn: apsw.Connection) -> bool:
-    mode = conn.execute("PRAGMA journal_mode").fetchall()[0][0]
-    return str(mode).lower() == "wal"
 
 
 def _labels(batch: list[_Unit]) -> str:

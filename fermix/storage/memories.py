@@ -22,7 +22,7 @@ from fermix.storage.connection import fetch_rows, fetch_value
 MAX_KEY_CHARS = 200
 MAX_VALUE_CHARS = 10_000
 
-_COLUMNS = (
+COLUMNS = (
     "id",
     "agent_id",
     "owner_id",
@@ -46,10 +46,12 @@ _COLUMNS = (
     "created_at",
     "updated_at",
 )
-_SELECT = ", ".join(_COLUMNS)
+"""The columns of a memory row, in :class:`~fermix.model.MemoryRow`'s order."""
+_SELECT = ", ".join(COLUMNS)
 
 
-def _row(values: Sequence[Any]) -> MemoryRow:
+def row_of(values: Sequence[Any]) -> MemoryRow:
+    """The row of one ``SELECT`` of :data:`COLUMNS`."""
     return MemoryRow(*values)
 
 
@@ -118,7 +120,7 @@ def upsert(
             ts,
         ),
     )
-    return _row(rows[0])
+    return row_of(rows[0])
 
 
 def replace_value(
@@ -171,13 +173,13 @@ def replace_value(
         )
     except apsw.ConstraintError:
         raise InvalidInputError(f"another row in the same scope already has key {key!r}") from None
-    return _row(rows[0])
+    return row_of(rows[0])
 
 
 def get(conn: apsw.Connection, memory_id: int) -> MemoryRow | None:
     """The row with ``memory_id``, archived or not, or None."""
     rows = fetch_rows(conn, f"SELECT {_SELECT} FROM memories WHERE id = ?", (memory_id,))
-    return _row(rows[0]) if rows else None
+    return row_of(rows[0]) if rows else None
 
 
 def require(conn: apsw.Connection, memory_id: int) -> MemoryRow:
@@ -198,7 +200,7 @@ def get_by_key(
         " AND scope_id = ? AND key = ?",
         (agent_id, owner_id, scope.type, scope.id, key),
     )
-    return _row(rows[0]) if rows else None
+    return row_of(rows[0]) if rows else None
 
 
 def _filters(
@@ -281,7 +283,7 @@ def list_rows(
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
-    return [_row(r) for r in fetch_rows(conn, sql, params)]
+    return [row_of(r) for r in fetch_rows(conn, sql, params)]
 
 
 def search(
@@ -309,74 +311,14 @@ def search(
         archived=archived,
         prefix="m.",
     )
-    columns = ", ".join(f"m.{c}" for c in _COLUMNS)
+    columns = ", ".join(f"m.{c}" for c in COLUMNS)
     sql = (
         f"SELECT {columns} FROM memories_fts JOIN memories AS m ON m.id = memories_fts.rowid"
         " WHERE memories_fts MATCH ?"
     )
     sql += "".join(f" AND {clause}" for clause in where)
     sql += " ORDER BY bm25(memories_fts) LIMIT ?"
-    return [_row(r) for r in conn.execute(sql, [match, *params, limit])]
-
-
-def query_words(texts: Sequence[str]) -> list[str]:
-    """At most :data:`fts.MAX_TERMS` search words drawn from every one of ``texts`` in turn
-    (the first word of each, then the second of each, ...), so each text has its say
-    however long the first ones are."""
-    each = [fts.terms(text) for text in texts]
-    words: dict[str, None] = {}
-    for rank in range(fts.MAX_TERMS):
-        for found in each:
-            if rank < len(found):
-                words.setdefault(found[rank])
-                if len(words) >= fts.MAX_TERMS:
-                    return list(words)
-    return list(words)
-
-
-def relevant(
-    conn: apsw.Connection,
-    texts: Sequence[str],
-    *,
-    agent_id: str,
-    places: Sequence[tuple[str, Scope]],
-    limit: int,
-) -> list[MemoryRow]:
-    """Live rows of ``agent_id`` in ``places`` whose key or value holds a word of ``texts``,
-    best first (M6, SC3).
-
-    ``places`` are the (owner id, scope) pairs the caller may see: the filter is part of
-    the query. The best :data:`fts.CANDIDATES` matches by FTS5's bm25 are re-ranked by
-    :func:`fts.rank` with statistics of the rows in ``places``, not of the whole table.
-    """
-    words = query_words(texts)
-    match = fts.build_query(" ".join(words))
-    if match is None or limit <= 0 or not places:
-        return []
-    place = " OR ".join("(m.owner_id = ? AND m.scope_type = ? AND m.scope_id = ?)" for _ in places)
-    where = f"m.agent_id = ? AND m.archived_at IS NULL AND ({place})"
-    params: list[Any] = [agent_id]
-    for owner_id, scope in places:
-        params.extend((owner_id, scope.type, scope.id))
-    columns = ", ".join(f"m.{c}" for c in _COLUMNS)
-    sql = (
-        f"SELECT {columns} FROM memories_fts JOIN memories AS m ON m.id = memories_fts.rowid"
-        f" WHERE memories_fts MATCH ? AND {where} ORDER BY bm25(memories_fts) LIMIT ?"
-    )
-    found = [_row(r) for r in conn.execute(sql, [match, *params, max(fts.CANDIDATES, limit)])]
-    if not found:
-        return []
-    scope_rows = fetch_value(
-        conn, f"SELECT count(*) FROM memories AS m WHERE {where}", tuple(params)
-    )
-    scores = fts.rank(
-        " ".join(words),
-        [f"{row.key} {row.value}" for row in found],
-        scope_rows=int(scope_rows),
-        tokenize=fts.tokenizer(conn),
-    )
-    best = sorted(range(len(found)), key=lambda i: -scores[i])[:limit]
-    return [found[i] for i in best]
+    return [row_of(r) for r in conn.execute(sql, [match, *params, limit])]
 
 
 def archive(
@@ -394,7 +336,7 @@ def archive(
         f" WHERE id = ? RETURNING {_SELECT}",
         (now_ms() if now is None else now, by, reason, memory_id),
     )
-    return _row(rows[0])
+    return row_of(rows[0])
 
 
 def restore(conn: apsw.Connection, memory_id: int, *, now: int | None = None) -> MemoryRow:
@@ -406,7 +348,7 @@ def restore(conn: apsw.Connection, memory_id: int, *, now: int | None = None) ->
         f" updated_at = ? WHERE id = ? RETURNING {_SELECT}",
         (now_ms() if now is None else now, memory_id),
     )
-    return _row(rows[0])
+    return row_of(rows[0])
 
 
 def change_counter(conn: apsw.Connection) -> int:

@@ -24,6 +24,7 @@ from fermix.storage import conversations as _conversations
 from fermix.storage import health as _health
 from fermix.storage import jobs as _jobs
 from fermix.storage import memories as _memories
+from fermix.storage import memory_relevance as _relevance
 from fermix.storage import messages as _messages
 from fermix.storage import resources as _resources
 
@@ -90,7 +91,7 @@ class Reads:
     row_by_key = _Op(_memories.get_by_key)
     rows = _Op(_memories.list_rows)
     search_rows = _Op(_memories.search)
-    relevant_rows = _Op(_memories.relevant)
+    relevant_rows = _Op(_relevance.relevant)
     memory_version = _Op(_memories.change_counter)
     memory_agents = _Op(_memories.agents)
     memory_owners = _Op(_memories.owners)
