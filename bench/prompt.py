@@ -292,6 +292,7 @@ class ComposeByHand:
         self.key = key.as_tuple()
         self.paths = [folder / spec.filename for spec in FILES]
         self.fence = composer.memory_block.__wrapped__  # the same fence, without its cache
+        self.rules = composer.rules_block.__wrapped__  # the same rules part, likewise
 
     def compose(self, system: str) -> list[dict[str, Any]]:
         state = self.conn.execute(self.STATE, self.key).fetchall()
@@ -308,6 +309,9 @@ class ComposeByHand:
             except FileNotFoundError:
                 texts.append("")
         out: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        rules = self.rules(texts[1])
+        if rules is not None:
+            out.append({"role": "system", "content": rules})
         block = self.fence(*texts)
         if block is not None:
             out.append({"role": "system", "content": block})
@@ -416,7 +420,8 @@ def compose_figures(home: Home, history: int, repeats: int) -> dict[str, Any]:
             text = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(40))
             conv.append("user" if i % 2 == 0 else "assistant", f"{i}: {text}")
         composed = conv.compose(SYSTEM)
-        assert len(composed) == history + 2, "the system prompt, the memory block, the window"
+        parts = 3 if composer.rules_block(conv.memory_files()[1]) else 2
+        assert len(composed) == history + parts, "system prompt, rules, memory block, window"
         raw = raw_connection(home.db_path)
         try:
             hand = ComposeByHand(raw, conv.key, files.prompt_dir(home, AGENT, OWNER))
