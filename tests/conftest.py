@@ -18,11 +18,12 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from factories import StartMemory, config_for
+from factories import Clock, StartMemory, config_for
 from model_server import ModelServer
 from soak import zygote as zygotes
 
 from fermix.api import Memory
+from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.home import Home
 from fermix.storage import open_database
@@ -36,6 +37,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir(mode=0o700)  # as fermix creates a home (M10): doctor warns on a looser one
     monkeypatch.setenv("FERMIX_HOME", str(root))
     return root
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """Epoch milliseconds, starting now, which a test moves forward instead of waiting:
+    the ``clock`` a Memory, a Reviewing or a Compacting is given."""
+    return Clock(now_ms())
 
 
 @pytest.fixture

@@ -38,7 +38,6 @@ from model_server import ModelServer, Step
 
 from fermix import model
 from fermix.api import Conversation, Memory
-from fermix.clock import now_ms
 from fermix.core.review import CLAIM_TTL_MS, Skip
 from fermix.errors import (
     ActorUnavailableError,
@@ -339,11 +338,6 @@ def test_h3_a_units_own_database_error_reaches_its_caller_typed(memory: Memory) 
 
 # -- the memory apply of a review (E6) ---------------------------------------------------
 
-
-@pytest.fixture
-def clock() -> Clock:
-    """Epoch milliseconds, which a test moves forward: the ``clock`` a Memory is given."""
-    return Clock(now_ms())
 
 
 @pytest.fixture

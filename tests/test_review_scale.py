@@ -25,7 +25,6 @@ from model_server import ModelServer
 
 from fermix import model
 from fermix.api import Memory
-from fermix.clock import now_ms
 from fermix.config import Config, MemoryConfig
 from fermix.core import categories
 from fermix.core.review import CUT_MARK, ReviewResult, Skip, pack_backlog, pick_rows, row_tokens
@@ -69,10 +68,6 @@ class Rig:
         self.files.settle()
         self.db.close()
 
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock(now_ms())
 
 
 @pytest.fixture

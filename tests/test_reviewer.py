@@ -110,11 +110,6 @@ class Rig:
         self.db.close()
 
 
-@pytest.fixture
-def clock() -> Clock:
-    """The reviewer's clock in epoch milliseconds; tests move it instead of waiting."""
-    return Clock(now_ms())
-
 
 @pytest.fixture
 def make_rig(home: Path, model_server: ModelServer, clock: Clock) -> Iterator[Callable[..., Rig]]:

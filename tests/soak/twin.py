@@ -20,8 +20,6 @@ Commands (``chat`` and ``owner`` name a conversation of agent ``twin``):
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 from typing import Any
 
@@ -32,6 +30,7 @@ from fermix.core import categories
 from fermix.errors import FermixError
 from fermix.model import MemoryRow
 from fermix.storage import Writes
+from soak.commands import serve
 
 AGENT = "twin"
 
@@ -119,21 +118,4 @@ class Twin:
 def main(argv: list[str]) -> int:
     home, model_url = argv[0], argv[1]
     memory = Memory(home, config=config_for(model_url, primary="openai/twin", timeout_s=30))
-    memory.start()
-    twin = Twin(memory)
-    print(json.dumps({"ready": True}), flush=True)
-    try:
-        for line in sys.stdin:
-            command = json.loads(line)
-            op = command.pop("op")
-            if op == "quit":
-                break
-            try:
-                answer: dict[str, Any] = {"ok": getattr(twin, op)(**command)}
-            except FermixError as exc:
-                answer = {"error": type(exc).__name__, "message": str(exc)}
-            print(json.dumps(answer), flush=True)
-    finally:
-        memory.close()
-    print(json.dumps({"done": True}), flush=True)
-    return 0
+    return serve(memory, Twin)

@@ -17,15 +17,13 @@ Every command is about the conversation ``CHAT`` of agent ``AGENT`` (operator tr
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 from factories import config_for
 
 from fermix.api import Conversation, Memory
 from fermix.config import CompactionConfig, Config, MemoryConfig
-from fermix.errors import FermixError
+from soak.commands import serve
 
 AGENT = "fresh"
 CHAT = "shared"
@@ -74,21 +72,4 @@ def main(argv: list[str]) -> int:
     home, model_url, cap = argv[0], argv[1], argv[2]
     max_history = None if cap == "none" else int(cap)
     memory = Memory(home, config=config(model_url, max_history))
-    memory.start()
-    host = WindowHost(memory)
-    print(json.dumps({"ready": True}), flush=True)
-    try:
-        for line in sys.stdin:
-            command = json.loads(line)
-            op = command.pop("op")
-            if op == "quit":
-                break
-            try:
-                answer: dict[str, Any] = {"ok": getattr(host, op)(**command)}
-            except FermixError as exc:
-                answer = {"error": type(exc).__name__, "message": str(exc)}
-            print(json.dumps(answer), flush=True)
-    finally:
-        memory.close()
-    print(json.dumps({"done": True}), flush=True)
-    return 0
+    return serve(memory, WindowHost)
