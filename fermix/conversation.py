@@ -39,10 +39,15 @@ class Conversation:
         peak_prompt_tokens: int | None = None,
         owner_id: str | None = None,
         trust: str | None = None,
+        client_key: str | None = None,
     ) -> Message:
         """Store a message; returns once it is committed in SQLite (A1).
 
         ``owner_id`` and ``trust`` are its author's (M1), the conversation's by default.
+        ``client_key`` is the caller's own key for the message: appending again with the
+        same key stores nothing new and returns the stored message, so a retry after a
+        lost answer never doubles history (N3); the same key for a different message is a
+        :class:`~fermix.errors.ConflictError`.
         """
         author, author_trust = self._author(owner_id, trust)
         new = NewMessage(
@@ -54,6 +59,7 @@ class Conversation:
             kind=kind,
             metadata=dict(metadata or {}),
             trust=author_trust,
+            client_key=client_key,
         )
         return self._runtime.append(
             new, trust=self.trust, peak_prompt_tokens=peak_prompt_tokens, owner_id=self.owner_id
@@ -67,6 +73,7 @@ class Conversation:
         metadata: Mapping[str, Any] | None = None,
         owner_id: str | None = None,
         trust: str | None = None,
+        client_key: str | None = None,
     ) -> Message:
         """Store what a user said, recording who said it and with what trust (M1).
 
@@ -85,6 +92,7 @@ class Conversation:
             metadata=metadata,
             owner_id=author,
             trust=author_trust,
+            client_key=client_key,
         )
 
     def _author(self, owner_id: str | None, trust: str | None) -> tuple[str, str]:
@@ -98,9 +106,17 @@ class Conversation:
             default = self._runtime.config.trust_of(owner_id)
         return author, check_trust(default if trust is None else trust)
 
-    def append_assistant(self, text: str, *, metadata: Mapping[str, Any] | None = None) -> Message:
+    def append_assistant(
+        self,
+        text: str,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        client_key: str | None = None,
+    ) -> Message:
         """Store what the assistant said (``commit`` also dispatches post-delivery work)."""
-        return self.append("assistant", text, sender="assistant", metadata=metadata)
+        return self.append(
+            "assistant", text, sender="assistant", metadata=metadata, client_key=client_key
+        )
 
     def history(self, limit: int | None = None) -> list[Message]:
         """The conversation's window, oldest first (the newest ``limit`` messages if given)."""
@@ -163,11 +179,13 @@ class Conversation:
         usage: Mapping[str, Any] | None = None,
         *,
         metadata: Mapping[str, Any] | None = None,
+        client_key: str | None = None,
     ) -> Message:
         """Write the turn's reply and its peak prompt tokens, then dispatch post-delivery work.
 
         ``usage`` is the provider's usage of the turn (litellm's ``response.usage``, or a
         dict); its ``prompt_tokens`` is recorded as the turn's peak for compaction (K3).
+        ``client_key`` makes a retried commit store the reply once (N3).
         """
         peak = _prompt_tokens(usage)
         stored = self.append(
@@ -176,6 +194,7 @@ class Conversation:
             sender="assistant",
             metadata=metadata,
             peak_prompt_tokens=peak,
+            client_key=client_key,
         )
         self._runtime.after_delivery(self.key)
         return stored

@@ -61,3 +61,7 @@ class ReviewOutputError(FermixError):
 
 class ServiceError(FermixError):
     """The background service could not be started, stopped or reached."""
+
+
+class ConflictError(FermixError):
+    """A request contradicts what is stored: a client key reused for a different message."""

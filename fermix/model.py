@@ -119,6 +119,8 @@ class Message:
     created_at: int
     trust: str = "guest"
     """The trust of the message's author (``owner_id``) when it was written (M1)."""
+    client_key: str | None = None
+    """The key its client sent with it, under which a retried append is stored once (N3)."""
 
     @property
     def key(self) -> ConversationKey:
@@ -148,6 +150,9 @@ class NewMessage:
     kind: str = "chat"
     metadata: dict[str, Any] = field(default_factory=dict)
     trust: str | None = None
+    client_key: str | None = None
+    """The client's own key for this message: appending it again with the same key, in the
+    same conversation, stores nothing new and answers with the stored message (N3)."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -158,6 +163,8 @@ class NewMessage:
         validate.identifier("owner_id", self.owner_id, allow_empty=True)
         validate.identifier("sender", self.sender, allow_empty=True)
         validate.identifier("kind", self.kind)
+        if self.client_key is not None:
+            validate.identifier("client_key", self.client_key)
         if not isinstance(self.metadata, dict):
             raise InvalidInputError("metadata must be a dict")
 
@@ -382,3 +389,24 @@ class JobCaller:
         validate.identifier("owner_id", self.owner_id, allow_empty=True)
         if self.run_id is not None:
             validate.positive_int("run_id", self.run_id, maximum=2**63 - 1)
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """A bearer token of the memory server, without its secret (N2).
+
+    It acts for ``agents`` only, and as the operator only when ``operator`` is set.
+    """
+
+    id: int
+    name: str
+    prefix: str
+    """The first characters of the secret, to tell tokens apart in a listing."""
+    agents: tuple[str, ...]
+    operator: bool
+    created_at: int
+    revoked_at: int | None = None
+
+    def may_act_for(self, agent_id: str) -> bool:
+        """Whether this token may read or write ``agent_id``'s data."""
+        return agent_id in self.agents

@@ -269,3 +269,25 @@ CREATE TRIGGER messages_window_au AFTER UPDATE ON messages BEGIN
      WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
        AND thread_scope = new.thread_scope;
 END;
+
+-- migration 6: bearer tokens of the memory server, and idempotent appends (N2, N3)
+-- A token is stored as the SHA-256 of its secret only (the secret is shown once, when it
+-- is created); its prefix names it in listings. A token acts for the agents it lists, and
+-- as the operator only with operator = 1. Revoking sets revoked_at; the row stays, so a
+-- listing shows what existed and when it ended.
+CREATE TABLE api_tokens (
+    id           INTEGER PRIMARY KEY,
+    name         TEXT NOT NULL DEFAULT '',
+    prefix       TEXT NOT NULL,
+    secret_sha256 TEXT NOT NULL UNIQUE,
+    agents_json  TEXT NOT NULL,
+    operator     INTEGER NOT NULL DEFAULT 0 CHECK (operator IN (0, 1)),
+    created_at   INTEGER NOT NULL,
+    revoked_at   INTEGER
+);
+-- A client's own key for a message: a retried append with the same key in the same
+-- conversation is stored once (N3). Messages appended without one are not in the index.
+ALTER TABLE messages ADD COLUMN client_key TEXT;
+CREATE UNIQUE INDEX messages_client_key
+    ON messages (agent_id, channel, chat_id, thread_scope, client_key)
+    WHERE client_key IS NOT NULL;

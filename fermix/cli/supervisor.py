@@ -21,6 +21,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--foreground", action="store_true", help="run in this process (for systemd or a terminal)"
     )
     p.add_argument("--announce", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--host", help="address to listen on ([fermix_core.server] host)")
+    p.add_argument("--port", type=int, help="TCP port ([fermix_core.server] port; 0: any free)")
+    p.add_argument("--socket", metavar="PATH", help="listen on this Unix socket instead")
+    p.add_argument(
+        "--allow-public-bind",
+        action="store_true",
+        help="listen on a non-loopback address (only with TLS in front)",
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for it (30)")
     p.set_defaults(handler=cmd_start)
 
@@ -49,10 +57,30 @@ def cmd_start(ctx: CommandContext, args: argparse.Namespace) -> int:
                 sys.stdout.flush()
                 sys.stdout.close()
 
-        return service.serve(ctx.home, announce=announce)
-    pid = service.start_background(ctx.home, timeout=args.timeout)
+        from fermix.server import serving
+
+        return serving.serve(
+            ctx.home,
+            announce=announce,
+            host=args.host,
+            port=args.port,
+            socket=args.socket,
+            allow_public=args.allow_public_bind,
+        )
+    pid = service.start_background(ctx.home, timeout=args.timeout, extra=_listen_args(args))
     console().print(f"supervisor started (pid {pid}); log: {service.ServicePaths.of(ctx.home).log}")
     return 0
+
+
+def _listen_args(args: argparse.Namespace) -> list[str]:
+    """The listen options of ``start``, passed on to the background process."""
+    extra: list[str] = []
+    for flag, value in (("--host", args.host), ("--port", args.port), ("--socket", args.socket)):
+        if value is not None:
+            extra += [flag, str(value)]
+    if args.allow_public_bind:
+        extra.append("--allow-public-bind")
+    return extra
 
 
 def cmd_stop(ctx: CommandContext, args: argparse.Namespace) -> int:

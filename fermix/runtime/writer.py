@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from fermix.errors import FermixError, WriteFailedError
+from fermix.errors import ConflictError, FermixError, WriteFailedError
 from fermix.model import ConversationKey, MemoryRow, Message, NewMessage
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult
 from fermix.storage import Database, Writes
@@ -88,8 +88,17 @@ class Writer:
         """
         key = new.key
         owner = new.owner_id if owner_id is None else owner_id
+        replayed = False
 
         def unit(writes: Writes) -> Message:
+            nonlocal replayed
+            if new.client_key is not None:
+                # Read under the write lock: no other writer, in any process, can store
+                # the same key between this read and the insert (N3).
+                earlier = writes.message_by_client_key(key, new.client_key)
+                if earlier is not None:
+                    replayed = True
+                    return _same_message(earlier, new)
             writes.touch_conversation(key, owner_id=owner, trust=trust)
             stored = writes.insert_message(new)
             if peak_prompt_tokens is not None:
@@ -102,7 +111,8 @@ class Writer:
             except WriteFailedError:
                 log.error("%s was not written", _append_label(key))
                 raise
-            self._deliver(stored)
+            if not replayed:
+                self._deliver(stored)
         return stored
 
     def write(self, unit: Callable[[Writes], T], *, label: str) -> T:
@@ -176,6 +186,20 @@ class Writer:
         if repaired:
             log.info("rendered %d stale prompt-file pair(s) again", repaired)
         return repaired
+
+
+def _same_message(earlier: Message, new: NewMessage) -> Message:
+    """``earlier``, stored under ``new``'s client key, if it is the same message (N3).
+
+    A retry sends the same message again; the same key with another role, author or text
+    is a client's mistake, refused rather than answered with a message it did not send.
+    """
+    if (earlier.role, earlier.owner_id, earlier.content) != (new.role, new.owner_id, new.content):
+        raise ConflictError(
+            f"client_key {new.client_key!r} was already used in this conversation"
+            f" for another message (id {earlier.id})"
+        )
+    return earlier
 
 
 def _name(key: ConversationKey) -> str:

@@ -1,8 +1,9 @@
-"""The background service behind ``fermix supervisor start | stop | status`` (A8).
+"""The background service behind ``fermix supervisor start | stop | status`` (A8, N1).
 
-The service is a process holding the runtime of a home open (the database, the write path,
-the supervised actor tree) and running its periodic work (the due-review sweep). It keeps
-three files in the home:
+The service is the memory server (:mod:`fermix.server.serving`): a process holding the
+runtime of a home open (the database, the write path, the supervised actor tree, the
+due-review sweep) and serving it over HTTP and MCP. This module starts, finds and stops
+it. It keeps these files in the home, besides ``server.json``:
 
 - ``supervisor.pid``: its pid, created exclusively, so a second start is refused; a pid
   file whose process is gone is stale and replaced;
@@ -151,58 +152,7 @@ class StatusServer:
         self._path.unlink(missing_ok=True)
 
 
-def serve(home: Home, *, announce: Callable[[], None] | None = None) -> int:
-    """Run the service in this process until SIGTERM or SIGINT; return an exit code."""
-    from fermix.config import load_config
-    from fermix.runtime.engine import Runtime
-
-    paths = ServicePaths.of(home)
-    make_private_dir(home.root)
-    claim_pid_file(paths)
-    stopping = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stopping.set())
-        for sig in (signal.SIGTERM, signal.SIGINT)
-    }
-    started_at = time.time()
-    status_server: StatusServer | None = None
-    runtime = Runtime(home, load_config(home.config_path))
-    try:
-        runtime.start()
-
-        def status() -> dict[str, Any]:
-            return {
-                "pid": os.getpid(),
-                "started_at": started_at,
-                "home": str(home.root),
-                "live_conversations": runtime.live_conversations(),
-                "passivated": runtime.registry.passivated,
-                "children": [info.id for info in runtime.tree.which_children()],
-                "failure": None if runtime.failure is None else str(runtime.failure),
-            }
-
-        status_server = StatusServer(paths.socket, status)
-        log.info("supervisor started (pid %d)", os.getpid())
-        if announce is not None:
-            announce()
-        while not stopping.wait(WATCH_S):
-            # The runtime sweeps due reviews on its own timer (M7); this loop only watches.
-            if runtime.failure is not None:
-                log.error("stopping: the actor tree gave up: %s", runtime.failure)
-                return 1
-        log.info("supervisor stopping: finishing in-flight writes")
-    finally:
-        runtime.close()
-        if status_server is not None:
-            status_server.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if read_pid(paths) == os.getpid():
-            paths.pid.unlink(missing_ok=True)
-    return 0
-
-
-def start_background(home: Home, *, timeout: float = 30.0) -> int:
+def start_background(home: Home, *, timeout: float = 30.0, extra: list[str] | None = None) -> int:
     """Start the service as a detached process; return its pid once it is ready."""
     paths = ServicePaths.of(home)
     pid = running_pid(paths)
@@ -222,6 +172,7 @@ def start_background(home: Home, *, timeout: float = 30.0) -> int:
                 "start",
                 "--foreground",
                 "--announce",
+                *(extra or []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

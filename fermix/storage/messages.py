@@ -14,7 +14,7 @@ from fermix.storage.connection import fetch_value
 
 _COLUMNS = (
     "id, agent_id, owner_id, channel, chat_id, thread_scope, sender, role, kind, content, "
-    "metadata_json, created_at, trust"
+    "metadata_json, created_at, trust, client_key"
 )
 
 
@@ -24,11 +24,13 @@ def _row(values: tuple[Any, ...]) -> Message:
 
 _INSERT = (
     "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
-    " kind, content, metadata_json, created_at, trust) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+    " kind, content, metadata_json, created_at, client_key, trust)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _INSERT_WITH_CONVERSATION_TRUST = (
     "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
-    " kind, content, metadata_json, created_at, trust) VALUES (?,?,?,?,?,?,?,?,?,?,?,"
+    " kind, content, metadata_json, created_at, client_key, trust)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,"
     " coalesce((SELECT trust FROM conversations WHERE agent_id = ? AND channel = ?"
     " AND chat_id = ? AND thread_scope = ?), 'guest'))"
     " RETURNING id, trust"
@@ -56,19 +58,31 @@ def insert(conn: apsw.Connection, new: NewMessage, *, created_at: int | None = N
         metadata_json,
         ts,
     )
+    client_key = new.client_key
     # The row is built from the values just bound (no trigger or default changes a column
     # of it); only what SQLite decides is read back: the id, and a trust left to it.
     trust: str
     if new.trust is not None:
         trust = new.trust
-        conn.execute(_INSERT, (*values, trust))
+        conn.execute(_INSERT, (*values, client_key, trust))
         message_id = conn.last_insert_rowid()
     else:
         row: tuple[Any, ...] = conn.execute(
-            _INSERT_WITH_CONVERSATION_TRUST, (*values, agent_id, channel, chat_id, thread_scope)
+            _INSERT_WITH_CONVERSATION_TRUST,
+            (*values, client_key, agent_id, channel, chat_id, thread_scope),
         ).fetchall()[0]
         message_id, trust = row
-    return Message(message_id, *values, trust)
+    return Message(message_id, *values, trust, client_key)
+
+
+def by_client_key(conn: apsw.Connection, key: ConversationKey, client_key: str) -> Message | None:
+    """The message of conversation ``key`` stored under ``client_key``, or None (N3)."""
+    rows = conn.execute(
+        f"SELECT {_COLUMNS} FROM messages WHERE agent_id = ? AND channel = ? AND chat_id = ?"
+        " AND thread_scope = ? AND client_key = ?",
+        (*key.as_tuple(), client_key),
+    ).fetchall()
+    return _row(rows[0]) if rows else None
 
 
 def get(conn: apsw.Connection, message_id: int) -> Message | None:

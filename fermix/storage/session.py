@@ -27,6 +27,7 @@ from fermix.storage import memories as _memories
 from fermix.storage import memory_relevance as _relevance
 from fermix.storage import messages as _messages
 from fermix.storage import resources as _resources
+from fermix.storage import tokens as _tokens
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -81,6 +82,7 @@ class Reads:
 
     # messages
     message = _Op(_messages.get)
+    message_by_client_key = _Op(_messages.by_client_key)
     messages = _Op(_messages.conversation)
     count_messages = _Op(_messages.count)
     search_messages = _Op(_messages.search)
@@ -110,6 +112,11 @@ class Reads:
     current_revision = _Op(_resources.current)
     revision = _Op(_resources.get_revision)
     revisions = _Op(_resources.history)
+
+    # the memory server's bearer tokens (N2)
+    token = _Op(_tokens.get)
+    token_by_secret = _Op(_tokens.by_secret)
+    tokens = _Op(_tokens.list_tokens)
 
     # health, for fermix doctor: schema version, integrity, FTS mirrors
     schema_version = _Op(_health.schema_version)
@@ -146,6 +153,10 @@ class Writes(Reads):
 
     # prompt-file revisions
     record_revision = _Op(_resources.record)
+
+    # the memory server's bearer tokens (N2)
+    insert_token = _Op(_tokens.insert)
+    revoke_token = _Op(_tokens.revoke)
 
     # health: an FTS mirror rebuilt from its content table (fermix doctor --fix)
     rebuild_fts = _Op(_health.rebuild_fts)
