@@ -170,7 +170,9 @@ class SecurityConfig:
     )
 
 
-_PORT = Rule("an integer from 0 to 65535 (0: any free port)", lambda v: _is_int(v) and 0 <= v <= 65535)
+_PORT = Rule(
+    "an integer from 0 to 65535 (0: any free port)", lambda v: _is_int(v) and 0 <= v <= 65535
+)
 _BYTES = Rule("an integer from 1024 to 1073741824", lambda v: _is_int(v) and 1024 <= v <= 2**30)
 
 

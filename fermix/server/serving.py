@@ -34,6 +34,7 @@ from fermix.home import Home, create_private_file, make_private_dir
 from fermix.server import service
 from fermix.server.http.app import create_app
 from fermix.server.http.metrics import Metrics
+from fermix.server.replica import Replica
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ def serve(
     metrics = Metrics()
     memory = Memory(home, config=config)
     status_server: service.StatusServer | None = None
-    replica: Any = None
+    replica: Replica | None = None
     address: dict[str, str] = {}
     try:
         memory.start()
@@ -181,7 +182,9 @@ def serve(
                 "url": address.get("url"),
                 **memory.stats(),
                 "failure": None if memory.failure is None else str(memory.failure),
-                "replica": None if replica is None else replica.describe(),
+                "replica": None
+                if replica is None
+                else {"url": config.replica.url, "running": replica.running},
                 **metrics.snapshot(),
             }
 
@@ -229,9 +232,9 @@ def serve(
         return 1 if memory.failure is not None else 0
     finally:
         log.info("memory server stopping: finishing in-flight writes")
-        if replica is not None:
-            replica.stop()
         memory.close()
+        if replica is not None:
+            replica.stop()  # after the memory closed: its last writes are shipped too
         if status_server is not None:
             status_server.close()
         if read_server_file(home) is not None:
@@ -251,10 +254,6 @@ async def _watch(memory: Any, server: uvicorn.Server) -> None:
             server.should_exit = True
 
 
-def _start_replica(home: Home, config: Config) -> Any:
+def _start_replica(home: Home, config: Config) -> Replica | None:
     """Litestream for the home's database when ``[fermix_core.replica] url`` is set (N9)."""
-    if config.replica.url is None:
-        return None
-    from fermix.server.replica import Replica
-
     return Replica.start(home, config.replica)
