@@ -66,7 +66,7 @@ from fermix.storage import open_database
 AGENT, CHANNEL, OWNER = "bench", "cli", "alice"
 THREADS, CONVERSATIONS_PER_THREAD = 8, 8
 ROUNDS = 5
-THREAD_SLACK = 16  # main, supervisors, sweeper, the committer's writer, actors still exiting
+THREAD_SLACK = 16  # main, supervisors, sweeper, the checkpointer, actors still exiting
 TARGET_SEQ, TARGET_CONCURRENT, TARGET_LANGCHAIN = 0.5, 1.0, 10.0
 _VOCABULARY = (
     "porto moved last month weather rain coffee train meeting doctor sister birthday "

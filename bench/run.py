@@ -124,7 +124,7 @@ class Benchmark:
 
 # Every figure the report shows and every target, in one place. Targets come from the
 # issues: recall from 2, append from 3, prompt from 4, review from 5, compact from 6, the
-# CLI's start from 2 (item 7).
+# CLI's start from 2 (item 7), the server from 13.
 FIGURES: dict[str, Benchmark] = {
     "recall": Benchmark(
         "turn-level recall of history search on LoCoMo",
@@ -378,6 +378,45 @@ FIGURES: dict[str, Benchmark] = {
             ),
         ),
         "7 runs of each instead of 30",
+    ),
+    "server": Benchmark(
+        "appends over HTTP to the memory server, 32 clients",
+        (
+            Figure(
+                "appends over HTTP, aiohttp load (req/s)",
+                "fermix_appends_s",
+                "bare_appends_s",
+                "bare FastAPI + uvicorn, one apsw insert",
+                ratio="ratio_vs_bare",
+                target=Target(">=", 0.7, on_ratio=True, source="issue 13"),
+            ),
+            Figure(
+                "appends over HTTP vs embedded (msg/s)",
+                "fermix_appends_s",
+                "embedded_appends_s",
+                "embedded Memory, 32 threads",
+                ratio="ratio_vs_embedded",
+            ),
+            Figure(
+                "fermix.Client, urllib3, 32 threads (req/s)",
+                "client_appends_s",
+                "fermix_appends_s",
+                "the same server under aiohttp",
+                ratio="client_vs_aiohttp",
+            ),
+            Figure("append p50 over HTTP (ms)", "fermix_p50_ms", "bare_p50_ms", "bare stack"),
+            Figure("append p99 over HTTP (ms)", "fermix_p99_ms", "bare_p99_ms", "bare stack"),
+            Figure("cold start to first /v1/health (ms)", "cold_start_health_ms"),
+            Figure("cold start to first append (ms)", "cold_start_first_append_ms"),
+            Figure(
+                "load generator's ceiling, GET /v1/health (req/s)",
+                "aiohttp_ceiling_rps",
+                "bare_appends_s",
+                "bare appends",
+                same_work=False,
+            ),
+        ),
+        "600 requests a round instead of 6,000, 2 cold starts instead of 5",
     ),
     "doctor": Benchmark(
         "`fermix doctor` on a large home (no same-work baseline: its per-check times are in"

@@ -32,11 +32,13 @@ if TYPE_CHECKING:
     )
     from fermix.home import Home
     from fermix.model import ConversationKey, JobCaller, Message
+    from fermix.remote import Client
 
 # Exported names are imported on first use, so ``fermix memory list`` and other commands
 # that need no actor or model start fast.
 _HOMES = {
     "Memory": "fermix.api",
+    "Client": "fermix.remote",
     "Config": "fermix.config",
     "Home": "fermix.home",
     "load_config": "fermix.config",
@@ -62,6 +64,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AccessDeniedError",
     "ActorUnavailableError",
+    "Client",
     "Config",
     "ConfigError",
     "Conversation",

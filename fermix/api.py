@@ -19,7 +19,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from fermix import llm, validate
 from fermix.clock import now_ms
@@ -27,14 +27,24 @@ from fermix.config import Config, load_config
 from fermix.conversation import Conversation
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
-from fermix.errors import InvalidInputError, SupervisorEscalationError
+from fermix.errors import (
+    FermixError,
+    InvalidInputError,
+    NotFoundError,
+    SupervisorEscalationError,
+    WriteFailedError,
+)
 from fermix.home import Home
 from fermix.model import (
+    AppendResult,
     ConversationKey,
     JobCaller,
     JobRun,
     MemoryRow,
     Message,
+    PendingAppend,
+    Resource,
+    Revision,
     ScheduledJob,
     check_trust,
 )
@@ -43,7 +53,13 @@ from fermix.runtime.access import Tokens
 from fermix.runtime.engine import Runtime
 from fermix.tools import MemoryTools
 
+if TYPE_CHECKING:
+    from fermix.remote import Client
+
 __all__ = ["Conversation", "Memory"]
+
+MAX_LISTED = 100_000
+"""The most rows or revisions one listing returns."""
 
 
 class Memory:
@@ -141,14 +157,28 @@ class Memory:
         return self._runtime.failure
 
     def stats(self) -> dict[str, Any]:
-        """What the process holds now: live and passivated conversation actors, the
-        supervision tree's children, the tree's failure if it gave up (N7)."""
+        """What the process holds now (N7): live and passivated conversation actors, the
+        supervision tree's children, and the reviews and compactions in flight.
+
+        In flight is counted from the pools' own bookkeeping (requests sent to an actor
+        and not yet finished), so it costs a lock and no query: ``*_running`` is how many
+        actors hold at least one (each runs one at a time), ``*_queued`` the rest waiting
+        behind them. A request may end at its gate without a model call (not due yet), so
+        this counts requests, not model calls.
+        """
         runtime = self._runtime
         runtime.check_running()
+        reviews, compactions = runtime.reviewers.pending(), runtime.compactors.pending()
+        reviews_running = sum(1 for n in reviews if n > 0)
+        compactions_running = sum(1 for n in compactions if n > 0)
         return {
             "live_conversations": runtime.live_conversations(),
             "passivated": runtime.registry.passivated,
             "children": [info.id for info in runtime.tree.which_children()],
+            "reviews_running": reviews_running,
+            "reviews_queued": sum(reviews) - reviews_running,
+            "compactions_running": compactions_running,
+            "compactions_queued": sum(compactions) - compactions_running,
         }
 
     def tick(self) -> int:
@@ -187,6 +217,22 @@ class Memory:
         trust = self.config.trust_of(owner_id) if trust is None else check_trust(trust)
         return Conversation(self._runtime, key, owner_id=owner_id, trust=trust)
 
+    def append_many(self, pending: Sequence[PendingAppend]) -> list[AppendResult | FermixError]:
+        """Store many appends at once, each made by ``conversation.prepare(...)``: in
+        order, sharing commits, on this one thread; returns each one's
+        :class:`~fermix.model.AppendResult` or its typed error (one failing leaves the
+        others stored, N3).
+
+        For a server that batches its concurrent requests: one hand-off to a worker
+        thread for a batch, instead of one per request (bench/server.py).
+        """
+        results: list[AppendResult | FermixError] = []
+        for result in self._runtime.append_many(pending):
+            if isinstance(result, BaseException) and not isinstance(result, FermixError):
+                raise result
+            results.append(result)
+        return results
+
     def review(self, conv: Conversation, *, force: bool = True) -> ReviewResult:
         """Review ``conv`` now and wait for the result (``force``: past the time gates)."""
         return self._runtime.review(conv.key, force=force)
@@ -212,6 +258,93 @@ class Memory:
         self._runtime.check_running()
         with self._runtime.db.read() as reads:
             return reads.rows(**filters)
+
+    # -- operator inspection: rows, prompt-file revisions (S7, P2, N1) ---------------------
+
+    def search_rows(
+        self,
+        query: str,
+        *,
+        agent_id: str | None = None,
+        owner_id: str | None = None,
+        category: str | None = None,
+        archived: bool | None = False,
+        limit: int = 10,
+    ) -> list[MemoryRow]:
+        """Rows whose key or value matches any word of ``query``, best first (FTS syntax in
+        it is plain words). ``archived`` as in :meth:`list_rows`: False live rows only."""
+        self._runtime.check_running()
+        validate.positive_int("limit", limit, maximum=MAX_LISTED)
+        with self._runtime.db.read() as reads:
+            return reads.search_rows(
+                query,
+                agent_id=agent_id,
+                owner_id=owner_id,
+                category=category,
+                archived=archived,
+                limit=limit,
+            )
+
+    def restore_row(self, memory_id: int) -> MemoryRow:
+        """Un-archive row ``memory_id`` and rebuild the prompt files it shows in (S7). A
+        failed rebuild (:class:`~fermix.errors.WriteFailedError`) leaves the row restored:
+        the files are derived, and the next rebuild repairs them."""
+        self._runtime.check_running()
+        written = self._runtime.writer.write_rows(
+            lambda w: [w.restore_row(memory_id)],
+            label=f"restore of row {memory_id}",
+            reason=f"restore:{memory_id}",
+        )
+        if written.error is not None:
+            raise WriteFailedError(written.error)
+        return written.rows[0]
+
+    def get_run(self, run_id: int) -> JobRun | None:
+        """The job run ``run_id``, or None."""
+        self._runtime.check_running()
+        validate.positive_int("run_id", run_id, maximum=2**63 - 1)
+        with self._runtime.db.read() as reads:
+            return reads.run(run_id)
+
+    def resources(self, agent_id: str | None = None) -> list[Resource]:
+        """The prompt-file resources (every agent's, or ``agent_id``'s) with their current
+        revision numbers; a file is recorded on its first rebuild (P2)."""
+        self._runtime.check_running()
+        with self._runtime.db.read() as reads:
+            return reads.resources(agent_id)
+
+    def revisions(
+        self, agent_id: str, name: str, *, owner_id: str = "", limit: int = 20
+    ) -> list[Revision]:
+        """The newest ``limit`` revisions of ``name`` (``user_md`` or ``memory_md``)."""
+        self._runtime.check_running()
+        validate.positive_int("limit", limit, maximum=MAX_LISTED)
+        with self._runtime.db.read() as reads:
+            return reads.revisions(agent_id, name, owner_id=owner_id, limit=limit)
+
+    def revision(
+        self, agent_id: str, name: str, number: int | None = None, *, owner_id: str = ""
+    ) -> Revision:
+        """Revision ``number`` of ``name``, or its current one when ``number`` is None;
+        :class:`~fermix.errors.NotFoundError` when there is none."""
+        self._runtime.check_running()
+        with self._runtime.db.read() as reads:
+            if number is not None:
+                return reads.revision(agent_id, name, number, owner_id=owner_id)
+            found = reads.current_revision(agent_id, name, owner_id=owner_id)
+        if found is None:
+            raise NotFoundError(f"{name} of agent {agent_id!r}, owner {owner_id!r} has no revision")
+        return found
+
+    def rollback(self, agent_id: str, name: str, revision: int, *, owner_id: str = "") -> Revision:
+        """Write revision ``revision`` of ``name`` back to its file (P2); returns the
+        current revision after it (a new one, reason ``rollback:N``, unless it already was).
+        The file stays derived: the next rebuild from the rows renders it again."""
+        self._runtime.check_running()
+        result = self._runtime.writer.files.rollback(agent_id, name, revision, owner_id=owner_id)
+        if result.revision is not None:
+            return result.revision
+        return self.revision(agent_id, name, owner_id=owner_id)
 
     # -- scheduled jobs and their runs (M9, SC1, T2) ------------------------------------
 
@@ -303,3 +436,15 @@ class Memory:
             kind="voice_turn",
             metadata={"source_type": "realtime", "device_id": device_id},
         )
+
+    # -- the memory server (N1) ------------------------------------------------------------
+
+    @staticmethod
+    def connect(url: str, token: str, **keywords: Any) -> Client:
+        """A :class:`~fermix.remote.Client` of the memory server at ``url``, with ``token``:
+        the same surface as a ``Memory``, served by the one process that owns the home
+        (``fermix supervisor start``). ``keywords`` are the client's (``timeout``,
+        ``retries``)."""
+        from fermix.remote import Client
+
+        return Client(url, token, **keywords)

@@ -12,7 +12,15 @@ from typing import Any
 from fermix import validate
 from fermix.core import commands, composer
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, ConversationState, Message, NewMessage, check_trust
+from fermix.model import (
+    AppendResult,
+    ConversationKey,
+    ConversationState,
+    Message,
+    NewMessage,
+    PendingAppend,
+    check_trust,
+)
 from fermix.runtime.engine import Runtime
 
 
@@ -47,9 +55,79 @@ class Conversation:
         ``client_key`` is the caller's own key for the message: appending again with the
         same key stores nothing new and returns the stored message, so a retry after a
         lost answer never doubles history (N3); the same key for a different message is a
-        :class:`~fermix.errors.ConflictError`.
+        :class:`~fermix.errors.ConflictError`. :meth:`append_keyed` also says which
+        happened.
         """
+        return self.append_keyed(
+            role,
+            text,
+            sender=sender,
+            kind=kind,
+            metadata=metadata,
+            peak_prompt_tokens=peak_prompt_tokens,
+            owner_id=owner_id,
+            trust=trust,
+            client_key=client_key,
+        ).message
+
+    def append_keyed(
+        self,
+        role: str,
+        text: str,
+        *,
+        sender: str = "",
+        kind: str = "chat",
+        metadata: Mapping[str, Any] | None = None,
+        peak_prompt_tokens: int | None = None,
+        owner_id: str | None = None,
+        trust: str | None = None,
+        client_key: str | None = None,
+    ) -> AppendResult:
+        """:meth:`append`, saying whether ``client_key`` replayed an earlier append (N3):
+        a server answering a retried request tells its client so."""
+        pending = self.prepare(
+            role,
+            text,
+            sender=sender,
+            kind=kind,
+            metadata=metadata,
+            peak_prompt_tokens=peak_prompt_tokens,
+            owner_id=owner_id,
+            trust=trust,
+            client_key=client_key,
+        )
+        return self._runtime.append(
+            pending.new,
+            trust=pending.trust,
+            peak_prompt_tokens=pending.peak_prompt_tokens,
+            owner_id=pending.owner_id,
+        )
+
+    def prepare(
+        self,
+        role: str,
+        text: str,
+        *,
+        sender: str = "",
+        kind: str = "chat",
+        metadata: Mapping[str, Any] | None = None,
+        peak_prompt_tokens: int | None = None,
+        owner_id: str | None = None,
+        trust: str | None = None,
+        client_key: str | None = None,
+    ) -> PendingAppend:
+        """The append :meth:`append` would store, checked but not stored: for
+        :meth:`fermix.api.Memory.append_many`, which stores many in one go. Bad input
+        raises here, before anything is written."""
         author, author_trust = self._author(owner_id, trust)
+        if peak_prompt_tokens is not None and (
+            isinstance(peak_prompt_tokens, bool)
+            or not isinstance(peak_prompt_tokens, int)
+            or peak_prompt_tokens < 0
+        ):
+            raise InvalidInputError(
+                f"peak_prompt_tokens must be a non-negative integer, not {peak_prompt_tokens!r}"
+            )
         new = NewMessage(
             self.key,
             role,
@@ -61,9 +139,7 @@ class Conversation:
             trust=author_trust,
             client_key=client_key,
         )
-        return self._runtime.append(
-            new, trust=self.trust, peak_prompt_tokens=peak_prompt_tokens, owner_id=self.owner_id
-        )
+        return PendingAppend(new, self.trust, peak_prompt_tokens, self.owner_id)
 
     def append_user(
         self,
@@ -187,8 +263,23 @@ class Conversation:
         dict); its ``prompt_tokens`` is recorded as the turn's peak for compaction (K3).
         ``client_key`` makes a retried commit store the reply once (N3).
         """
+        return self.commit_keyed(reply, usage, metadata=metadata, client_key=client_key).message
+
+    def commit_keyed(
+        self,
+        reply: str,
+        usage: Mapping[str, Any] | None = None,
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        client_key: str | None = None,
+    ) -> AppendResult:
+        """:meth:`commit`, saying whether ``client_key`` replayed an earlier commit (N3).
+
+        A replayed commit dispatches the post-delivery work again: it is idempotent (a
+        review or compaction that is not due does nothing).
+        """
         peak = _prompt_tokens(usage)
-        stored = self.append(
+        appended = self.append_keyed(
             "assistant",
             reply,
             sender="assistant",
@@ -197,7 +288,7 @@ class Conversation:
             client_key=client_key,
         )
         self._runtime.after_delivery(self.key)
-        return stored
+        return appended
 
 
 def _prompt_tokens(usage: Mapping[str, Any] | Any | None) -> int | None:

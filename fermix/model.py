@@ -410,3 +410,23 @@ class ApiToken:
     def may_act_for(self, agent_id: str) -> bool:
         """Whether this token may read or write ``agent_id``'s data."""
         return agent_id in self.agents
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """An append's outcome: the stored message, and whether it was stored before under
+    the same client key, so this append stored nothing and answered with it (N3)."""
+
+    message: Message
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class PendingAppend:
+    """An append checked and ready to store: the message, and its conversation's trust,
+    recorded peak and owner (the handle's, which may differ from the author's, M1)."""
+
+    new: NewMessage
+    trust: str
+    peak_prompt_tokens: int | None = None
+    owner_id: str | None = None

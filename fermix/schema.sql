@@ -291,3 +291,50 @@ ALTER TABLE messages ADD COLUMN client_key TEXT;
 CREATE UNIQUE INDEX messages_client_key
     ON messages (agent_id, channel, chat_id, thread_scope, client_key)
     WHERE client_key IS NOT NULL;
+
+-- migration 7: search bounded by the scope searched (issue 14)
+-- Every message is indexed with two scope tokens beside its text: one for its conversation
+-- ("c" and the hex of agent, channel, chat and thread, each part ended by "x") and one for
+-- its author's owner scope ("o" and the hex of agent and owner). A search of one
+-- conversation or of one owner matches 'search_scope : "<token>" AND content : (words)',
+-- so FTS5 walks the scope's own doclist and seeks the words' doclists to its rows instead
+-- of matching every message of the table (bench/recall.py, 1,000,000 messages: see
+-- fermix/storage/messages.py). The tokens are text of the row itself, so they cost no
+-- bytes in messages (a virtual generated column) and any writer, fermix's or SQL from
+-- outside, keeps them right through the triggers. Hex keeps any id one unicode61 token;
+-- the closing "z" keeps porter from stemming it. The SQL filter on the row's columns
+-- stays in every search, so a token is only ever an accelerator, never the rule.
+-- The mirror is built again from its content (one 'rebuild'), with the triggers it had
+-- plus the token column; an update of any column a token is made of re-indexes the row.
+ALTER TABLE messages ADD COLUMN search_scope TEXT GENERATED ALWAYS AS (
+    'c' || hex(agent_id) || 'x' || hex(channel) || 'x' || hex(chat_id) || 'x'
+        || hex(thread_scope) || 'z o' || hex(agent_id) || 'x' || hex(owner_id) || 'z'
+) VIRTUAL;
+DROP TRIGGER messages_ai;
+DROP TRIGGER messages_ad;
+DROP TRIGGER messages_au;
+DROP TABLE messages_fts;
+CREATE VIRTUAL TABLE messages_fts USING fts5 (
+    content,
+    search_scope,
+    content = 'messages',
+    content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+INSERT INTO messages_fts (messages_fts) VALUES ('rebuild');
+CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts (rowid, content, search_scope)
+        VALUES (new.id, new.content, new.search_scope);
+END;
+CREATE TRIGGER messages_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content, search_scope)
+        VALUES ('delete', old.id, old.content, old.search_scope);
+END;
+CREATE TRIGGER messages_au
+    AFTER UPDATE OF content, agent_id, owner_id, channel, chat_id, thread_scope ON messages
+BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, content, search_scope)
+        VALUES ('delete', old.id, old.content, old.search_scope);
+    INSERT INTO messages_fts (rowid, content, search_scope)
+        VALUES (new.id, new.content, new.search_scope);
+END;

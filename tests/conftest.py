@@ -28,6 +28,9 @@ from fermix.config import Config
 from fermix.home import Home
 from fermix.storage import open_database
 
+pytest_plugins = ["server_fixtures"]
+"""The memory server as a process (``server``, ``start_server``): tests/server_fixtures.py."""
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

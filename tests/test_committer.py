@@ -1,9 +1,10 @@
-"""The group-commit writer: batching, isolation of a failing unit, retries, close (A1, S8).
+"""The group commit: batching, isolation of a failing unit, retries, close (A1, S8).
 
 Batches are formed deterministically, without sleeps: a *gate* unit holds the connection
-(committing alone on its caller's thread) until the test releases it; the units called
-meanwhile queue, and the test waits on the queue's growth (a condition, with a timeout)
-before it lets the gate go. They then commit as one batch on the writer thread.
+(its caller leads) until the test releases it; the units called meanwhile queue, and the
+test waits on the queue's growth (a condition, with a timeout) before it lets the gate go.
+The gate's caller then takes them into its own transaction (up to ``max_batch`` units in
+all) and commits them with the gate, on its own thread.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from faults import FaultVFS
 
 from fermix.errors import StorageError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
+from fermix.storage import committer as committer_module
 from fermix.storage import messages, open_database
-from fermix.storage.committer import QUEUE_AFTER_CONTENTION, Committer, RetryPolicy
+from fermix.storage.committer import Committer, RetryPolicy
 
 KEY = ConversationKey("agent", "cli", "1")
 WAIT_S = 10.0
@@ -67,8 +69,10 @@ class _Gate:
     def __init__(self) -> None:
         self.entered = threading.Event()
         self._open = threading.Event()
+        self.ran_on: threading.Thread | None = None
 
     def __call__(self, conn: apsw.Connection) -> str:
+        self.ran_on = threading.current_thread()
         self.entered.set()
         assert self._open.wait(WAIT_S), "the gate was never opened"
         return "gate"
@@ -147,7 +151,7 @@ def test_a1_a_failing_unit_is_left_out_and_its_batchmates_commit(tmp_path: Path)
     assert outcomes[0] is None and outcomes[2] is None
     assert isinstance(outcomes[1], ValueError)
     assert gated.result(WAIT_S) == "gate"
-    assert committer.batches == before + 2  # the gate's transaction, then one for the three
+    assert committer.batches == before + 1  # the three joined the gate's transaction
     assert _stored(tmp_path) == ["a", "b"]
     committer.close()
 
@@ -196,7 +200,7 @@ def test_a1_s8_each_of_many_threads_gets_its_own_results_in_the_order_it_called(
     assert committer.batches <= threads * per_thread
 
 
-def test_s8_units_queued_behind_a_busy_connection_commit_in_one_transaction_in_queue_order(
+def test_s8_units_queued_behind_a_busy_connection_join_its_transaction_in_queue_order(
     tmp_path: Path, committer: Committer
 ) -> None:
     ran_on: list[threading.Thread] = []
@@ -214,12 +218,38 @@ def test_s8_units_queued_behind_a_busy_connection_commit_in_one_transaction_in_q
     gate.open()
     stored = [future.result(WAIT_S) for future in futures]
     assert gated.result(WAIT_S) == "gate"
-    assert committer.batches == before + 2
+    assert committer.batches == before + 1
     assert [m.content for m in stored] == texts
     assert [m.id for m in stored] == sorted(m.id for m in stored)
-    # One thread committed the batch for its four callers: the writer, none of them.
-    assert len(set(ran_on)) == 1 and ran_on[0].name == "fermix-committer"
+    # The caller holding the connection committed them for their four callers.
+    assert set(ran_on) == {gate.ran_on}
     assert _stored(tmp_path) == texts
+
+
+def test_s8_a_batch_takes_at_most_max_batch_units_and_the_next_caller_queued_leads_the_next(
+    tmp_path: Path,
+) -> None:
+    committer = Committer(open_database(tmp_path / "memory.db"), max_batch=3)
+    ran_on: dict[str, threading.Thread] = {}
+
+    def insert(text: str) -> Work:
+        def work(conn: apsw.Connection) -> Message:
+            ran_on[text] = threading.current_thread()
+            return messages.insert(conn, NewMessage(KEY, "user", text))
+
+        return work
+
+    texts = ["a", "b", "c", "d", "e"]
+    gate, (gated, *futures) = _hold_and_queue(committer, [insert(t) for t in texts])
+    before = committer.batches
+    gate.open()
+    assert [future.result(WAIT_S).content for future in futures] == texts
+    assert gated.result(WAIT_S) == "gate"
+    assert committer.batches == before + 2  # the gate with a and b, then c with d and e
+    assert ran_on["a"] is ran_on["b"] is gate.ran_on
+    assert ran_on["c"] is ran_on["d"] is ran_on["e"] is not gate.ran_on
+    assert _stored(tmp_path) == texts
+    committer.close()
 
 
 def test_a1_a_units_database_error_reaches_only_its_caller_typed(
@@ -254,7 +284,7 @@ def test_a1_s8_a_batch_whose_commit_keeps_failing_fails_every_caller_and_keeps_n
         errors = [future.exception(WAIT_S) for future in futures]
     finally:
         _vfs.plan.clear()
-    assert gated.result(WAIT_S) == "gate"  # it wrote nothing: its commit had no page to write
+    errors.append(gated.exception(WAIT_S))  # the three joined the gate's transaction
     for error in errors:
         assert isinstance(error, WriteFailedError) and "3 attempts" in str(error)
     assert _stored(tmp_path) == []
@@ -263,9 +293,7 @@ def test_a1_s8_a_batch_whose_commit_keeps_failing_fails_every_caller_and_keeps_n
     assert _stored(tmp_path) == ["after the fault"]
 
 
-def test_s8_a_lone_caller_commits_on_its_own_thread_and_queues_only_after_contention(
-    committer: Committer,
-) -> None:
+def test_s8_a_lone_caller_commits_on_its_own_thread(committer: Committer) -> None:
     def where(conn: apsw.Connection) -> threading.Thread:
         return threading.current_thread()
 
@@ -276,12 +304,9 @@ def test_s8_a_lone_caller_commits_on_its_own_thread_and_queues_only_after_conten
     gate, (gated, queued) = _hold_and_queue(committer, [where])
     gate.open()
     assert gated.result(WAIT_S) == "gate"
-    assert queued.result(WAIT_S).name == "fermix-committer"
-    # Contention was seen: a lone caller goes through the writer for a while, so that a
-    # burst of callers keeps batching, then commits on its own thread again.
-    after = [committer.run(where) for _ in range(QUEUE_AFTER_CONTENTION + 2)]
-    assert after[0].name == "fermix-committer"
-    assert after[QUEUE_AFTER_CONTENTION - 1 :] == [me, me, me]
+    assert queued.result(WAIT_S) is gate.ran_on  # committed by the caller holding the connection
+    # The connection is free again: the next lone call commits on its own thread at once.
+    assert [committer.run(where) for _ in range(2)] == [me, me]
 
 
 def test_a1_s8_a_batchs_callers_are_answered_even_when_the_next_batch_fails(
@@ -290,28 +315,62 @@ def test_a1_s8_a_batchs_callers_are_answered_even_when_the_next_batch_fails(
     committer = Committer(
         open_database(tmp_path / "memory.db"),
         retry=RetryPolicy(attempts=2, initial_wait_s=0.001, max_wait_s=0.002),
+        max_batch=2,
     )
-    first = _Gate()
-
-    def slow_insert(conn: apsw.Connection) -> Message:
-        first(conn)  # holds the writer inside this batch until the next one has queued
-        return messages.insert(conn, NewMessage(KEY, "user", "committed"))
 
     def always_busy(conn: apsw.Connection) -> None:
         raise apsw.BusyError("another process holds the write lock")
 
-    gate, (_gated, committed) = _hold_and_queue(committer, [slow_insert])
+    # The gate's batch takes "committed" (max_batch 2); the busy unit leads the next one.
+    gate, (gated, committed, failing) = _hold_and_queue(
+        committer, [_insert("committed"), always_busy]
+    )
     gate.open()
-    assert first.entered.wait(WAIT_S)  # the writer took the batch and runs it
-    failing = _call(committer, always_busy, label="busy unit")
-    committer._queue.wait_for_length(1)  # type: ignore[attr-defined]
-    first.open()
-    # The next batch never reaches its COMMIT; the callers of the last one are woken anyway.
     assert committed.result(WAIT_S).content == "committed"
     error = failing.exception(WAIT_S)
     assert isinstance(error, WriteFailedError) and "2 attempts" in str(error)
+    assert gated.result(WAIT_S) == "gate"
     committer.close()
     assert _stored(tmp_path) == ["committed"]
+
+
+class _InterruptedOnce:
+    """A caller's wake-up lock whose first wait is interrupted (as by KeyboardInterrupt)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.interrupted = False
+
+    def acquire(self) -> bool:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return self._lock.acquire()
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+def test_a1_an_interrupted_caller_still_leads_the_batch_handed_to_it_then_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Unit(committer_module._Unit):
+        def __init__(self, work: Work, label: str, *, queued: bool) -> None:
+            super().__init__(work, label, queued=queued)
+            if label == "unit 1" and self.wake is not None:
+                self.wake = _InterruptedOnce(self.wake)  # type: ignore[assignment]
+
+    monkeypatch.setattr(committer_module, "_Unit", Unit)
+    committer = Committer(open_database(tmp_path / "memory.db"), max_batch=1)
+    # max_batch 1: the gate commits alone and hands the connection to unit 1's caller,
+    # whose wait was interrupted; it must still lead, or unit 2 would wait forever.
+    gate, (gated, first, second) = _hold_and_queue(committer, [_insert("a"), _insert("b")])
+    gate.open()
+    assert isinstance(first.exception(WAIT_S), KeyboardInterrupt)
+    assert second.result(WAIT_S).content == "b"
+    assert gated.result(WAIT_S) == "gate"
+    committer.close()
+    assert _stored(tmp_path) == ["a", "b"]
 
 
 class _Seen(logging.Handler):
@@ -364,8 +423,6 @@ def test_a1_a8_close_while_busy_commits_the_queued_work_then_refuses_new_work(
     assert futures[0].result(WAIT_S) == "gate"
     assert [f.result(WAIT_S).content for f in futures[1:]] == ["a", "b"]
     assert _stored(tmp_path) == ["a", "b"]
-    writer = committer._writer
-    assert writer is not None and not writer.is_alive()
 
 
 def test_a1_close_waits_for_a_lone_caller_that_is_committing(tmp_path: Path) -> None:

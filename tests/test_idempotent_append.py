@@ -1,5 +1,8 @@
 import pytest
+
 from fermix.errors import ConflictError
+
+
 def test_n3_same_key_stored_once(memory):
     conv = memory.conversation("a", "cli", "1", owner_id="o")
     first = conv.append_user("hello", client_key="k1")

@@ -48,7 +48,19 @@ def version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser, every command group registered."""
-    from fermix.cli import chat, config_cmd, doctor, job, memory, resource, setup, supervisor
+    from fermix.cli import (
+        chat,
+        config_cmd,
+        doctor,
+        job,
+        mcp_cmd,
+        memory,
+        resource,
+        restore,
+        setup,
+        supervisor,
+        token,
+    )
 
     parser = argparse.ArgumentParser(
         prog="fermix",
@@ -61,11 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     chat.register(sub)
     memory.register(sub)
     job.register(sub)
+    mcp_cmd.register(sub)
     resource.register(sub)
     supervisor.register(sub)
     config_cmd.register(sub)
     doctor.register(sub)
     setup.register(sub)
+    restore.register(sub)
+    token.register(sub)
     return parser
 
 

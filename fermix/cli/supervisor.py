@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from fermix.cli.context import CommandContext
-from fermix.cli.output import console, print_json, table
+from fermix.cli.output import FittedTable, console, print_json, table
 from fermix.server import service
 
 
@@ -93,10 +94,16 @@ def cmd_stop(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 
 def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
-    """``fermix supervisor status``: exit 0 when it runs, 1 when it does not."""
+    """``fermix supervisor status``: exit 0 when it runs, 1 when it does not (N7).
+
+    The running server's status document (its ``status()``, asked over ``supervisor.sock``)
+    with ``running`` added; ``--json`` prints it whole, otherwise a table says since when
+    and where it serves, what it holds, its rates over the last complete seconds, the
+    reviews and compactions in flight, and its last errors.
+    """
     paths = service.ServicePaths.of(ctx.home)
     pid = service.running_pid(paths)
-    data: dict[str, object] = {"running": pid is not None, "pid": pid}
+    data: dict[str, Any] = {"running": pid is not None, "pid": pid}
     if pid is not None:
         data.update(service.query_status(paths))
     if args.json:
@@ -104,13 +111,81 @@ def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
     elif pid is None:
         console().print("supervisor is not running")
     else:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(str(data["started_at"]))))
-        rows = [
-            ("pid", pid),
-            ("running since", since),
-            ("live conversations", data["live_conversations"]),
-            ("passivated", data["passivated"]),
-            ("children", ", ".join(map(str, data["children"]))),  # type: ignore[call-overload]
-        ]
-        console().print(table("supervisor", ["", ""], rows))
+        console().print(table("supervisor", ["", ""], status_rows(data, now=time.time())))
+        errors = data.get("last_errors") or []
+        if errors:
+            console().print(errors_table(errors))
     return 0 if pid is not None else 1
+
+
+def status_rows(data: dict[str, Any], *, now: float) -> list[tuple[str, object]]:
+    """The rows of the status table, from the status document (fields it lacks are left
+    out, so an older server's document still renders)."""
+    rows: list[tuple[str, object]] = [("pid", data.get("pid"))]
+    started = data.get("started_at")
+    if isinstance(started, int | float):
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        rows.append(("running since", f"{since} (up {_duration(now - started)})"))
+    if data.get("url"):
+        rows.append(("address", data["url"]))
+    if data.get("home"):
+        rows.append(("home", data["home"]))
+    if "live_conversations" in data:
+        rows.append(("live conversations", data["live_conversations"]))
+    if "passivated" in data:
+        rows.append(("passivated", data["passivated"]))
+    per_second, totals = data.get("per_second") or {}, data.get("totals") or {}
+    window = data.get("rate_window_s")
+    over = f" (last {window} s)" if window else ""
+    for name in ("requests", "appends"):
+        if name in per_second:
+            rows.append(
+                (f"{name} per second{over}", f"{per_second[name]:g} ({totals.get(name, 0)} in all)")
+            )
+    for kind in ("reviews", "compactions"):
+        if f"{kind}_running" in data:
+            rows.append(
+                (
+                    f"{kind} in flight",
+                    f"{data[f'{kind}_running']} running, {data.get(f'{kind}_queued', 0)} queued",
+                )
+            )
+    if "children" in data:
+        rows.append(("children", ", ".join(map(str, data["children"]))))
+    if data.get("replica") is not None:
+        rows.append(("replica", _describe(data["replica"])))
+    if data.get("failure"):
+        rows.append(("FAILURE", data["failure"]))
+    rows.append(("last errors", len(data.get("last_errors") or []) or "none"))
+    return rows
+
+
+def errors_table(errors: list[dict[str, Any]]) -> FittedTable:
+    """The last errors the server answered with a 5xx or logged, oldest first."""
+    rows = [
+        (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e.get("at", 0)))),
+            e.get("where", ""),
+            e.get("message", ""),
+        )
+        for e in errors
+    ]
+    return FittedTable("last errors", ["when", "where", "message"], rows, wrap=("message",))
+
+
+def _duration(seconds: float) -> str:
+    whole = max(0, int(seconds))
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m {secs}s" if minutes else f"{secs}s"
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items())
+    return str(value)

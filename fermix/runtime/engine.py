@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pykka
 
@@ -38,7 +38,14 @@ from fermix.errors import (
     SupervisorEscalationError,
 )
 from fermix.home import Home
-from fermix.model import ConversationKey, ConversationState, Message, NewMessage
+from fermix.model import (
+    AppendResult,
+    ConversationKey,
+    ConversationState,
+    Message,
+    NewMessage,
+    PendingAppend,
+)
 from fermix.runtime import files
 from fermix.runtime.compacting import Compacting
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
@@ -231,13 +238,18 @@ class Runtime:
         trust: str,
         peak_prompt_tokens: int | None,
         owner_id: str | None = None,
-    ) -> Message:
+    ) -> AppendResult:
         """Store ``new``; returns once it is committed (A1). ``owner_id`` and ``trust`` are
         the conversation's, ``new`` carries its author's (M1)."""
         self.check_running()
-        return self.writer.append(
+        return self.writer.append_keyed(
             new, trust=trust, peak_prompt_tokens=peak_prompt_tokens, owner_id=owner_id
         )
+
+    def append_many(self, pending: Sequence[PendingAppend]) -> list[AppendResult | BaseException]:
+        """Store each of ``pending`` in order, sharing commits; each one's result or error."""
+        self.check_running()
+        return self.writer.append_many(pending)
 
     def history(self, key: ConversationKey, limit: int | None = None) -> list[Message]:
         """The window of ``key``, oldest first, from its actor."""

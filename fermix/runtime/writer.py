@@ -17,6 +17,7 @@ compactor, a tool call, the CLI, the doctor):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -25,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fermix.errors import ConflictError, FermixError, WriteFailedError
-from fermix.model import ConversationKey, MemoryRow, Message, NewMessage
+from fermix.model import (
+    AppendResult,
+    ConversationKey,
+    MemoryRow,
+    Message,
+    NewMessage,
+    PendingAppend,
+)
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult
 from fermix.storage import Database, Writes
 
@@ -76,6 +84,19 @@ class Writer:
         peak_prompt_tokens: int | None = None,
         owner_id: str | None = None,
     ) -> Message:
+        """Store ``new``: :meth:`append_keyed` without saying whether it replayed."""
+        return self.append_keyed(
+            new, trust=trust, peak_prompt_tokens=peak_prompt_tokens, owner_id=owner_id
+        ).message
+
+    def append_keyed(
+        self,
+        new: NewMessage,
+        *,
+        trust: str,
+        peak_prompt_tokens: int | None = None,
+        owner_id: str | None = None,
+    ) -> AppendResult:
         """Store ``new`` (and its conversation's owner, trust and recorded peak) (A1).
 
         ``owner_id`` and ``trust`` are the conversation's (the handle's), which may differ
@@ -83,37 +104,51 @@ class Writer:
         author's.
 
         Returns the stored row once committed, after it was handed to the conversation's
-        actor; raises :class:`~fermix.errors.WriteFailedError` after the retries, and then
-        nothing of it was kept.
+        actor, and whether its client key replayed an earlier append (N3); raises
+        :class:`~fermix.errors.WriteFailedError` after the retries, and then nothing of it
+        was kept.
         """
+        pending = PendingAppend(new, trust, peak_prompt_tokens, owner_id)
         key = new.key
-        owner = new.owner_id if owner_id is None else owner_id
-        replayed = False
-
-        def unit(writes: Writes) -> Message:
-            nonlocal replayed
-            if new.client_key is not None:
-                # Read under the write lock: no other writer, in any process, can store
-                # the same key between this read and the insert (N3).
-                earlier = writes.message_by_client_key(key, new.client_key)
-                if earlier is not None:
-                    replayed = True
-                    return _same_message(earlier, new)
-            writes.touch_conversation(key, owner_id=owner, trust=trust)
-            stored = writes.insert_message(new)
-            if peak_prompt_tokens is not None:
-                writes.update_conversation(key, peak_prompt_tokens=peak_prompt_tokens)
-            return stored
-
         with self._stripes[hash(key) % ORDER_STRIPES]:
             try:
-                stored = self._db.write(unit, label=_append_label(key))
+                result = self._db.write(_append_unit(pending), label=_append_label(key))
             except WriteFailedError:
                 log.error("%s was not written", _append_label(key))
                 raise
-            if not replayed:
-                self._deliver(stored)
-        return stored
+            if not result.replayed:
+                self._deliver(result.message)
+        return result
+
+    def append_many(
+        self, pending: Sequence[PendingAppend]
+    ) -> list[AppendResult | BaseException]:
+        """Store each append of ``pending``, in order, sharing commits; return each one's
+        result or error (one failing leaves the others stored).
+
+        For a caller holding many appends at once, as the memory server batching its
+        concurrent requests: one thread commits them all, instead of a thread each. Each
+        conversation's appends stay ordered: the batch holds their order locks.
+        """
+        stripes = sorted({hash(p.new.key) % ORDER_STRIPES for p in pending})
+        with contextlib.ExitStack() as held:
+            for stripe in stripes:  # in one order everywhere: no deadlock
+                held.enter_context(self._stripes[stripe])
+            outcomes = self._db.write_each(
+                [(_append_unit(p), _append_label(p.new.key)) for p in pending]
+            )
+            results: list[AppendResult | BaseException] = []
+            for p, (ok, value) in zip(pending, outcomes, strict=True):
+                if not ok:
+                    assert isinstance(value, BaseException)
+                    log.error("%s was not written: %s", _append_label(p.new.key), value)
+                    results.append(value)
+                    continue
+                assert isinstance(value, AppendResult)
+                if not value.replayed:
+                    self._deliver(value.message)
+                results.append(value)
+        return results
 
     def write(self, unit: Callable[[Writes], T], *, label: str) -> T:
         """Commit ``unit``; return its result once committed."""
@@ -186,6 +221,29 @@ class Writer:
         if repaired:
             log.info("rendered %d stale prompt-file pair(s) again", repaired)
         return repaired
+
+
+def _append_unit(pending: PendingAppend) -> Callable[[Writes], AppendResult]:
+    """The write unit of one append: the conversation touched, the message inserted (or
+    found under its client key, N3), the recorded peak updated."""
+    new = pending.new
+    key = new.key
+    owner = new.owner_id if pending.owner_id is None else pending.owner_id
+
+    def unit(writes: Writes) -> AppendResult:
+        if new.client_key is not None:
+            # Read under the write lock: no other writer, in any process, can store the
+            # same key between this read and the insert (N3).
+            earlier = writes.message_by_client_key(key, new.client_key)
+            if earlier is not None:
+                return AppendResult(_same_message(earlier, new), replayed=True)
+        writes.touch_conversation(key, owner_id=owner, trust=pending.trust)
+        stored = writes.insert_message(new)
+        if pending.peak_prompt_tokens is not None:
+            writes.update_conversation(key, peak_prompt_tokens=pending.peak_prompt_tokens)
+        return AppendResult(stored, replayed=False)
+
+    return unit
 
 
 def _same_message(earlier: Message, new: NewMessage) -> Message:

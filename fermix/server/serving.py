@@ -1,5 +1,8 @@
 """The memory server process: one ``Memory``, its HTTP API and MCP endpoint (N1, N2, N5).
 
+MCP (streamable HTTP, stateless, JSON answers) is mounted at ``/mcp/`` beside ``/v1``,
+with the same bearer tokens.
+
 :func:`serve` runs in the process ``fermix supervisor start`` made (or in the foreground):
 it opens the home's ``Memory`` (the database, the write path, the supervised actor tree,
 the review sweep), serves the HTTP API with uvicorn on 127.0.0.1 (or a Unix socket),
@@ -34,6 +37,7 @@ from fermix.home import Home, create_private_file, make_private_dir
 from fermix.server import service
 from fermix.server.http.app import create_app
 from fermix.server.http.metrics import Metrics
+from fermix.server.mcp_http import http_app
 from fermix.server.replica import Replica
 
 log = logging.getLogger(__name__)
@@ -197,7 +201,14 @@ def serve(
             finally:
                 task.cancel()
 
-        app = create_app(memory, metrics=metrics, status=status, lifespans=[watch])
+        mcp_app, mcp_lifespan = http_app(memory)
+        app = create_app(
+            memory,
+            metrics=metrics,
+            status=status,
+            mounts={"/mcp": mcp_app},
+            lifespans=[watch, mcp_lifespan],
+        )
 
         def started(server: _Server) -> None:
             nonlocal status_server

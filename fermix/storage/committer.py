@@ -1,31 +1,31 @@
 """Group commit: every write of a process goes through one connection, batched (A1, S8).
 
 Callers hand a unit of work (a function of the connection) to :meth:`Committer.run` and get
-its result only after the transaction holding it has committed. A unit takes one of two
-ways to the connection:
+its result only after the transaction holding it has committed. There is no writer thread:
+the connection is held by one caller at a time, the **leader**, which commits on its own
+thread.
 
-* **Alone, on the caller's thread.** A caller that finds the connection free and no other
-  write in flight (nor any contention in its last :data:`QUEUE_AFTER_CONTENTION` calls)
-  runs its unit itself in one ``BEGIN IMMEDIATE`` transaction: no thread hop, no wake-up.
-  This is the path of one conversation appending turn after turn.
-* **Queued, for the writer thread.** Otherwise the unit joins a FIFO queue and its caller
-  sleeps on a lock of its own. The writer thread (started at the first queued unit) takes
-  everything queued, up to ``max_batch``, commits it in one transaction and wakes exactly
-  the callers of that batch, each through its own lock: no broadcast, no hand-over of a
-  lead. While one batch commits, the next queues. Under concurrency this is the path that
-  batches: a caller that committed alone whenever the connection was free for a moment
-  would slip in between batches and commit one row at a time.
+* A caller that finds the connection free leads: it runs its unit in one
+  ``BEGIN IMMEDIATE`` transaction. One conversation appending turn after turn takes this
+  path alone: no thread hop, no wake-up.
+* A caller that finds it held joins a FIFO queue and sleeps on a lock of its own. The
+  leader **absorbs** the queue into its transaction: after the units it has run, it takes
+  every unit queued meanwhile (up to ``max_batch`` in all) and runs them too, and commits
+  only once nothing more is queued. It then wakes exactly the callers of its batch, each
+  through its own lock (no broadcast), and hands the connection to the first caller queued
+  after its batch, which leads the next one; with nobody queued, the connection is free.
 
-  When the next batch is already queued, the writer wakes the callers of the last one only
-  right before the next batch's ``COMMIT``, not before its units run: woken callers compete
-  for the GIL, and the writer, whose units release and retake it around every SQLite call,
-  would wait behind them (bench/append.py measured about 10% more concurrent appends per
-  second this way). Their results are committed either way; only the wake-up moves.
+Why leaders and not a writer thread: under the GIL the units run one at a time whoever runs
+them, so a thread of its own buys no parallelism, only hand-offs, and a hand-off to a thread
+that the scheduler placed on another core costs tens of microseconds on a virtual machine
+(bench/append.py measured the same 8 callers at about 17,000 appends/s with the writer on
+their core and about 10,000/s with the writer on the other). Callers that wake each other
+stay on one core; the checkpoints (below) use the other. Absorbing, instead of committing
+what was queued when the batch started, fills a batch while it runs: 8 callers share
+commits about 6 at a time instead of 3 to 4.
 
-One party holds the connection at a time (a caller alone, or the writer), and queued work is
-never left without one: a caller that committed alone hands the connection to the writer if
-units queued meanwhile. A caller's own units commit in the order of its calls (each call
-returns once committed); queued units of different callers commit in queue order.
+A caller's own units commit in the order of its calls (each call returns once committed);
+queued units of different callers commit in queue order, after the leader's.
 
 A batch of several units first runs without savepoints, two statements fewer per unit. If a
 unit raises, the transaction is rolled back and the batch runs again with a savepoint per
@@ -48,13 +48,12 @@ a background thread copies the log back beside the writes, and the committing pa
 once the log has grown large.
 
 :meth:`Committer.close` refuses new work, lets the work already queued or running commit,
-stops the writer and checkpoint threads and closes the connections.
+stops the checkpoint thread and closes the connections.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -68,7 +67,6 @@ from fermix.storage.checkpoint import CHECKPOINT_INLINE_PAGES, CHECKPOINT_PAGES,
 from fermix.storage.retry import DEFAULT_RETRY, TRANSIENT_ERRORS, RetryPolicy, retrying
 
 __all__ = [
-    "QUEUE_AFTER_CONTENTION",
     "TRANSIENT_ERRORS",
     "Committer",
     "RetryPolicy",
@@ -79,24 +77,23 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Work = Callable[[apsw.Connection], Any]
 
-QUEUE_AFTER_CONTENTION = 64
-"""Calls that go through the queue after a call found another write in flight; a caller
-that finds none this many calls in a row commits alone again."""
-
 
 class _Unit:
     """One call of :meth:`Committer.run`: its work and, once committed, its outcome."""
 
-    __slots__ = ("label", "ok", "value", "wake", "work")
+    __slots__ = ("label", "lead", "ok", "value", "wake", "work")
 
     def __init__(self, work: Work, label: str, *, queued: bool) -> None:
         self.work = work
         self.label = label
         self.ok = False
         self.value: Any = None
+        self.lead = not queued
+        """Whether this unit's caller holds the connection (it leads the batch)."""
         self.wake: threading.Lock | None = None
         if queued:
-            # Held until the outcome is set; the caller sleeps acquiring it.
+            # Held until the outcome is set or the connection is handed over; the caller
+            # sleeps acquiring it.
             self.wake = threading.Lock()
             self.wake.acquire()
 
@@ -140,18 +137,10 @@ class Committer:
         # its holder touches.
         self._queue: deque[_Unit] = deque()
         self._held = False
-        """Someone holds the connection: a caller alone, or the writer."""
-        self._writer_holds = False
-        self._in_flight = 0
-        """Calls not yet answered: committing alone, queued, or in the writer's batch."""
-        self._queue_next = 0
-        """Calls still to queue since the last contention (:data:`QUEUE_AFTER_CONTENTION`)."""
+        """A caller holds the connection (the leader)."""
         self._closed = False
-        self._writer: threading.Thread | None = None
-        self._to_wake: list[_Unit] = []
-        """Callers of the writer's last batch, committed but not yet woken (writer only)."""
-        self._writer_turn: queue.SimpleQueue[None] = queue.SimpleQueue()
-        """Where the writer sleeps until it is handed the connection or closed."""
+        self._released = threading.Condition(self._mutex)
+        """Notified when the connection is let go while closing (close() waits on it)."""
         self.batches = 0
         """Transactions committed, for benchmarks and tests."""
         self._checkpoints = WalCheckpoints(
@@ -175,122 +164,113 @@ class Committer:
         with self._mutex:
             if self._closed:
                 raise StorageError("the database writer is closed")
-            if self._in_flight:
-                self._queue_next = QUEUE_AFTER_CONTENTION
-            elif self._queue_next:
-                self._queue_next -= 1
-            self._in_flight += 1
-            alone = not self._held and not self._queue_next
-            if alone:
+            unit = _Unit(work, label, queued=self._held)
+            if unit.lead:
                 self._held = True
             else:
-                unit = _Unit(work, label, queued=True)
                 self._queue.append(unit)
-                if not self._held:
-                    self._hand_to_writer()
-        if alone:
-            return self._run_alone(work, label)
-        assert unit.wake is not None
-        unit.wake.acquire()
-        result: T = unit.outcome()
-        return result
+        if not unit.lead:
+            self._await(unit)
+            if not unit.lead:
+                return unit.outcome()  # type: ignore[no-any-return]
+        return self._lead(unit)  # type: ignore[no-any-return]
+
+    def run_many(self, works: list[tuple[Work, str]]) -> list[tuple[bool, Any]]:
+        """Run each ``(work, label)`` as its own unit, in order; return each one's outcome
+        once committed, ``(True, result)`` or ``(False, error)``, never raising for a unit.
+
+        For a caller holding many independent writes at once (the server's appends of
+        concurrent requests): they share commits as concurrent callers' units do, with one
+        wake-up of this caller instead of one thread per unit. A unit that fails is left
+        out alone, as in :meth:`run`.
+        """
+        units: list[_Unit] = []
+        with self._mutex:
+            if self._closed:
+                raise StorageError("the database writer is closed")
+            for work, label in works:
+                unit = _Unit(work, label, queued=self._held)
+                if unit.lead:
+                    self._held = True
+                else:
+                    self._queue.append(unit)
+                units.append(unit)
+        for unit in units:
+            if unit.wake is not None:
+                self._await(unit)  # at once when an earlier unit's batch took it
+            if unit.lead:
+                self._lead(unit, outcome=False)
+        return [(unit.ok, unit.value) for unit in units]
 
     def close(self) -> None:
-        """Refuse new work, commit what is queued or running, stop the writer, close."""
+        """Refuse new work, commit what is queued or running, then close."""
         with self._mutex:
             self._closed = True
-            log.debug("closing the writer, %d writes still to commit", self._in_flight)
-            if self._held and self._writer is None:
-                self._start_writer()  # it waits for the caller committing alone, then ends
-            writer = self._writer
-            self._writer_turn.put(None)
-        if writer is not None:
-            writer.join()
+            log.debug("closing the writer, %d writes still to commit", len(self._queue))
+            while self._held:
+                self._released.wait()
         try:
             self._checkpoints.close()
         finally:
             self._conn.close()
 
-    def _start_writer(self) -> None:
-        self._writer = threading.Thread(
-            target=self._write_loop, name="fermix-committer", daemon=True
-        )
-        self._writer.start()
+    def _await(self, unit: _Unit) -> None:
+        """Sleep until ``unit`` is committed or its caller is handed the connection.
 
-    def _hand_to_writer(self) -> None:
-        """Give the connection to the writer thread, starting it if needed (under _mutex)."""
-        self._held = self._writer_holds = True
-        if self._writer is None:
-            self._start_writer()
-        self._writer_turn.put(None)
+        An interrupt (KeyboardInterrupt in the main thread) does not cut the wait short:
+        the connection may be on its way to this caller, and the queue behind it would
+        never move. It is raised once the wait, and any batch this caller leads, is over.
+        """
+        assert unit.wake is not None
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                unit.wake.acquire()
+                break
+            except BaseException as exc:  # noqa: BLE001 - raised below, once it is safe
+                interrupted = exc
+        if interrupted is not None:
+            if unit.lead:
+                self._lead(unit, outcome=False)
+            raise interrupted
 
-    def _run_alone(self, work: Callable[[apsw.Connection], T], label: str) -> T:
-        """Commit one unit on the caller's thread, then hand the connection on."""
-        unit = _Unit(work, label, queued=False)
+    def _lead(self, unit: _Unit, *, outcome: bool = True) -> Any:
+        """Holding the connection: commit ``unit`` and the units queued meanwhile, wake
+        their callers, hand the connection on; return ``unit``'s outcome."""
+        batch = [unit]
         try:
-            self._commit_batch([unit])
+            self._commit_batch(batch)
         finally:
             with self._mutex:
-                self._in_flight -= 1
                 if self._queue:
-                    self._hand_to_writer()
+                    successor: _Unit | None = self._queue.popleft()
+                    successor.lead = True  # type: ignore[union-attr]
                 else:
+                    successor = None
                     self._held = False
                     if self._closed:
-                        self._writer_turn.put(None)  # close() may be waiting on the writer
-        if unit.ok:
-            result: T = unit.value
-            return result
-        raise unit.value
+                        self._released.notify_all()
+            for follower in batch[1:]:
+                follower.wake.release()  # type: ignore[union-attr]
+            if successor is not None:
+                successor.wake.release()  # type: ignore[union-attr]
+        return unit.outcome() if outcome else None
 
-    def _write_loop(self) -> None:
-        """The writer thread: commit queued batches while it holds the connection."""
-        done: list[_Unit] = []
-        while True:
-            batch: list[_Unit] | None = None
-            with self._mutex:
-                # Answered before they are woken: a caller's next call must not count its
-                # own committed unit as contention.
-                self._in_flight -= len(done)
-                if self._writer_holds:
-                    if self._queue:
-                        batch = self._take_batch()
-                    else:
-                        self._writer_holds = self._held = False
-            if batch is None:
-                self._wake(done)
-                while batch is None:
-                    with self._mutex:
-                        if self._writer_holds:
-                            batch = self._take_batch()
-                        elif self._closed and not self._held:
-                            return
-                    if batch is None:
-                        self._writer_turn.get()
+    def _absorb(self, batch: list[_Unit]) -> bool:
+        """Move the units queued meanwhile into the running ``batch``, up to ``max_batch``."""
+        room = self._max_batch - len(batch)
+        if room <= 0:
+            return False
+        with self._mutex:
+            pending = self._queue
+            if not pending:
+                return False
+            if len(pending) <= room:
+                batch.extend(pending)
+                pending.clear()
             else:
-                self._to_wake = done  # woken by _commit, right before the batch's COMMIT
-            try:
-                self._commit_batch(batch)
-            except BaseException:  # each unit of the batch holds it already; the writer goes on
-                log.exception("a write unit raised past the committer (%s)", _labels(batch))
-            self._wake(self._to_wake)  # if the batch never reached its COMMIT
-            done = batch
-
-    def _wake(self, units: list[_Unit]) -> None:
-        """Wake the callers of ``units``, whose outcomes are set."""
-        self._to_wake = []
-        for unit in units:
-            assert unit.wake is not None
-            unit.wake.release()
-
-    def _take_batch(self) -> list[_Unit]:
-        """Everything queued, up to ``max_batch`` units (under _mutex)."""
-        pending = self._queue
-        if len(pending) <= self._max_batch:
-            batch = list(pending)
-            pending.clear()
-            return batch
-        return [pending.popleft() for _ in range(self._max_batch)]
+                batch.extend([pending.popleft() for _ in range(room)])
+        return True
 
     def _commit_batch(self, batch: list[_Unit]) -> None:
         """Commit ``batch`` in one transaction, retrying transient errors; set outcomes."""
@@ -343,10 +323,13 @@ class Committer:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for unit in batch:
-                unit.value = unit.work(conn)  # a result, but not an outcome until committed
-            if self._to_wake:
-                self._wake(self._to_wake)
+            ran = 0
+            while True:  # the units queued while these ran join the batch
+                for unit in batch[ran:]:
+                    unit.value = unit.work(conn)  # a result, but not an outcome until committed
+                ran = len(batch)
+                if not (self._queue and self._absorb(batch)):
+                    break
             conn.execute("COMMIT")
         except TRANSIENT_ERRORS:
             self._rollback()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -86,6 +86,20 @@ class Database:
             raise StorageError(f"{self.path.name} is open for inspection only: {label} refused")
         return self._committer.run(lambda conn: unit(Writes(conn)), label=label)
 
+    def write_each(
+        self, units: Sequence[tuple[Callable[[Writes], T], str]]
+    ) -> list[tuple[bool, T | BaseException]]:
+        """Run each ``(unit, label)`` as :meth:`write` would, in order, sharing commits;
+        return each outcome, ``(True, result)`` or ``(False, error)``, once committed.
+
+        One caller, many independent writes: a server batching its concurrent requests.
+        """
+        if self._committer is None:
+            raise StorageError(f"{self.path.name} is open for inspection only: writes refused")
+        return self._committer.run_many(
+            [(_bound(unit), label) for unit, label in units]
+        )
+
     @property
     def commits(self) -> int:
         """Write transactions committed so far (for benchmarks and tests)."""
@@ -98,3 +112,7 @@ class Database:
                 self._committer.close()
         finally:
             self._readers.close()
+
+
+def _bound(unit: Callable[[Writes], T]) -> Callable[[apsw.Connection], T]:
+    return lambda conn: unit(Writes(conn))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import apsw
@@ -133,6 +134,105 @@ def count(conn: apsw.Connection, key: ConversationKey, *, after_id: int = 0) -> 
     )
 
 
+# -- search ----------------------------------------------------------------------------
+#
+# A search names its scope: one conversation (``key``), one owner's messages of an agent
+# (``agent_id`` and ``owner_id``), an agent, or the whole table. :class:`SearchScope` holds
+# the two faces of a scope: the SQL filter on the row's own columns, which is the rule
+# (every query of a search carries it), and the FTS5 tokens that let the index walk only
+# the scope's rows (schema migration 7: ``messages.search_scope``, indexed beside the
+# text). A vector search of messages (issue 14) takes its rows from the same filter.
+
+
+def conversation_token(key: ConversationKey) -> str:
+    """The FTS5 token of conversation ``key``'s messages (schema.sql, migration 7)."""
+    return "c" + "x".join(_hex(part) for part in key.as_tuple()) + "z"
+
+
+def owner_token(agent_id: str, owner_id: str) -> str:
+    """The FTS5 token of the messages written by ``owner_id`` to ``agent_id``."""
+    return "o" + _hex(agent_id) + "x" + _hex(owner_id) + "z"
+
+
+def _hex(text: str) -> str:
+    # SQLite's hex() of a TEXT value: its UTF-8 bytes, upper case.
+    return text.encode("utf-8").hex().upper()
+
+
+@dataclass(frozen=True, slots=True)
+class SearchScope:
+    """The messages one search covers: a SQL filter on ``messages AS m`` and the FTS5
+    scope tokens every one of those messages is indexed with (none for an agent or the
+    whole table, which have no token)."""
+
+    where: tuple[str, ...]
+    params: tuple[Any, ...]
+    tokens: tuple[str, ...]
+    indexed: bool = False
+    """Whether the filter is a range of an index of ``messages`` (a conversation's)."""
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        agent_id: str | None = None,
+        key: ConversationKey | None = None,
+        owner_id: str | None = None,
+    ) -> SearchScope:
+        """The scope of :func:`search`'s filters (``key`` wins over ``agent_id``)."""
+        where: list[str] = []
+        params: list[Any] = []
+        tokens: list[str] = []
+        if key is not None:
+            where.append(
+                "m.agent_id = ? AND m.channel = ? AND m.chat_id = ? AND m.thread_scope = ?"
+            )
+            params.extend(key.as_tuple())
+            tokens.append(conversation_token(key))
+            agent_id = key.agent_id
+        elif agent_id is not None:
+            where.append("m.agent_id = ?")
+            params.append(agent_id)
+        if owner_id is not None:
+            where.append("m.owner_id = ?")
+            params.append(owner_id)
+            if agent_id is not None:
+                tokens.append(owner_token(agent_id, owner_id))
+        return cls(tuple(where), tuple(params), tuple(tokens), indexed=key is not None)
+
+    def clause(self) -> str:
+        """The filter as one SQL condition on ``m`` (``1`` for the whole table)."""
+        return " AND ".join(self.where) or "1"
+
+    def match(self, words: str | None = None) -> str:
+        """An FTS5 MATCH expression for the scope's rows holding ``words`` (an expression of
+        :func:`fts.build_query`), or for all its rows when ``words`` is None."""
+        parts = [f"search_scope : {fts.quote(token)}" for token in self.tokens]
+        if words is not None:
+            parts.append(f"content : ({words})")
+        return " AND ".join(parts)
+
+    def count(self, conn: apsw.Connection) -> int:
+        """How many messages the scope holds.
+
+        A conversation is counted on its index; an owner's rows through their token's
+        doclist, each checked against the filter; an agent or the table, row by row.
+        """
+        if self.tokens and not self.indexed:
+            sql = (
+                "SELECT count(*) FROM messages_fts JOIN messages AS m"
+                " ON m.id = messages_fts.rowid"
+                f" WHERE messages_fts MATCH ? AND {self.clause()}"
+            )
+            return int(fetch_value(conn, sql, (self.match(), *self.params)))
+        sql = f"SELECT count(*) FROM messages AS m WHERE {self.clause()}"
+        return int(fetch_value(conn, sql, self.params))
+
+
+MAX_SCOPED_MATCHES = 5_000
+"""The most matching rows a search re-orders itself; a scope with more asks FTS5's bm25."""
+
+
 def search(
     conn: apsw.Connection,
     text: str,
@@ -145,40 +245,50 @@ def search(
     """Messages matching any text, best first; filters narrow to an agent, owner or key.
 
     ``text`` is whatever a user or model typed: it goes through :func:`fts.build_query`, so
-    FTS5 syntax in it is inert and it never raises on content. The best
-    :data:`fts.CANDIDATES` matches by FTS5's bm25 are re-ranked by :func:`fts.rank` with
-    statistics of the filtered rows (one conversation, not the whole table); a hit's
-    ``rank`` is minus that score, so lower is still better.
+    FTS5 syntax in it is inert and it never raises on content. The rows of the scope
+    holding a word are found through the scope's token (:class:`SearchScope`), so the cost
+    follows the scope searched, not the table. They are ordered by bm25 over the scope
+    (:func:`fts.preselect`); the best :data:`fts.CANDIDATES` are re-ranked by
+    :func:`fts.rank` with statistics of the scope; a hit's ``rank`` is minus that score,
+    so lower is still better. Rows that tie stay in the preselection's order, then by id.
+
+    When more than :data:`MAX_SCOPED_MATCHES` rows match (a very large scope, or a search
+    of an agent or the whole table with a common word), the candidates are the best by
+    FTS5's own ``bm25()`` instead, whose statistics are the table's.
     """
-    match = fts.build_query(text)
-    if match is None or limit <= 0:
+    words = fts.build_query(text)
+    if words is None or limit <= 0:
         return []
-    where: list[str] = []
-    params: list[Any] = []
-    if key is not None:
-        where.append("m.agent_id = ? AND m.channel = ? AND m.chat_id = ? AND m.thread_scope = ?")
-        params.extend(key.as_tuple())
-    elif agent_id is not None:
-        where.append("m.agent_id = ?")
-        params.append(agent_id)
-    if owner_id is not None:
-        where.append("m.owner_id = ?")
-        params.append(owner_id)
-    sql = (
-        "SELECT m.id, m.content FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid"
-        f" WHERE {' AND '.join(['messages_fts MATCH ?', *where])}"
-        " ORDER BY bm25(messages_fts) LIMIT ?"
+    scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
+    select = (
+        "SELECT m.id, m.content FROM messages_fts JOIN messages AS m"
+        " ON m.id = messages_fts.rowid"
+        f" WHERE messages_fts MATCH ? AND {scope.clause()}"
     )
+    match = scope.match(words)
     candidates = max(fts.CANDIDATES, limit)
-    found: list[tuple[Any, ...]] = conn.execute(sql, [match, *params, candidates]).fetchall()
+    found: list[tuple[Any, ...]] = conn.execute(
+        f"{select} ORDER BY messages_fts.rowid LIMIT ?",
+        (match, *scope.params, MAX_SCOPED_MATCHES + 1),
+    ).fetchall()
     if not found:
         return []
-    scope_sql = "SELECT count(*) FROM messages AS m"
-    if where:
-        scope_sql += f" WHERE {' AND '.join(where)}"
-    scope_rows: Any = conn.execute(scope_sql, params).fetchall()[0][0]
+    if len(found) > MAX_SCOPED_MATCHES:
+        found = conn.execute(
+            f"{select} ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT ?",
+            (match, *scope.params, candidates),
+        ).fetchall()
+    scope_rows = scope.count(conn)
+    tokenize = fts.tokenizer(conn)
+    tokens = fts.tokenize_each([row[1] for row in found], tokenize)
+    chosen = fts.preselect(text, tokens, scope_rows=scope_rows, keep=candidates, tokenize=tokenize)
+    found = [found[i] for i in chosen]
     scores = fts.rank(
-        text, [row[1] for row in found], scope_rows=int(scope_rows), tokenize=fts.tokenizer(conn)
+        text,
+        [row[1] for row in found],
+        scope_rows=scope_rows,
+        tokenize=tokenize,
+        tokens=[tokens[i] for i in chosen],
     )
     best = sorted(range(len(found)), key=lambda i: -scores[i])[:limit]
     ids = json.dumps([found[i][0] for i in best])

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fermix.api import Memory
 from fermix.server.http import admin, errors, turn
+from fermix.server.http.batching import AppendBatcher
 from fermix.server.http.limits import BodyLimit
 from fermix.server.http.metrics import Metrics
 
@@ -83,6 +84,7 @@ def create_app(
     app.state.memory = memory
     app.state.metrics = metrics if metrics is not None else Metrics()
     app.state.status = status
+    app.state.appends = AppendBatcher(memory)
     errors.install(app)
 
     @app.get(f"{API_PREFIX}/health", response_model=Health, tags=["server"])

@@ -20,14 +20,19 @@ from fermix.model import ApiToken, check_trust
 from fermix.server.http.errors import ApiError
 
 
-def memory_of(request: Request) -> Memory:
+async def memory_of(request: Request) -> Memory:
     """The server's ``Memory`` (set on the app's state when it was made)."""
     memory: Memory = request.app.state.memory
     return memory
 
 
-def caller(request: Request) -> ApiToken:
-    """The live token of the request, or a 401."""
+async def caller(request: Request) -> ApiToken:
+    """The live token of the request, or a 401.
+
+    ``async``, as every cheap dependency here: FastAPI runs a plain ``def`` dependency on a
+    worker thread, a hop of its own per request, while this is one indexed read on a
+    pooled read connection (WAL: it never waits for a writer), cheaper than the hop.
+    """
     header = request.headers.get("authorization")
     if header is None:
         raise ApiError(401, "missing Authorization: Bearer <token>", field="header.authorization")
@@ -36,7 +41,8 @@ def caller(request: Request) -> ApiToken:
         raise ApiError(
             401, "Authorization must be 'Bearer <token>'", field="header.authorization"
         )
-    token = memory_of(request).tokens.authenticate(secret.strip())
+    memory: Memory = request.app.state.memory
+    token = memory.tokens.authenticate(secret.strip())
     if token is None:
         raise ApiError(401, "unknown or revoked token", field="header.authorization")
     request.state.token = token

@@ -94,6 +94,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        if exc.status >= 500:
+            record(request, exc.status, exc.message)
         return error_response(exc.status, exc.message, field=exc.field, headers=headers)
 
     @app.exception_handler(FermixError)
@@ -101,6 +103,7 @@ def install(app: FastAPI) -> None:
         status = status_of(exc)
         if status >= 500:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
+            record(request, status, f"{type(exc).__name__}: {exc}")
             return error_response(status, _public_message(status, exc))
         return error_response(status, str(exc), field=getattr(exc, "field", None))
 
@@ -116,13 +119,35 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code >= 500:
+            record(request, exc.status_code, str(exc.detail))
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Logged whole for the operator; the client learns only that it failed.
         log.exception("%s %s failed", request.method, request.url.path)
+        record(request, 500, f"{type(exc).__name__}: {exc}")
         return error_response(500, "internal error; the server's log has the details")
+
+
+def record(request: Request, status: int, message: str) -> None:
+    """Remember a 5xx answer for ``fermix supervisor status`` (N7): the route's template
+    (``POST /v1/conversations/{handle}/messages``, not the handle itself) and the status
+    with the error's type and message, never a traceback."""
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is None:  # an app made without create_app: nothing to record into
+        return
+    metrics.error(f"{request.method} {_template(request)}", f"{status} {message}")
+
+
+def _template(request: Request) -> str:
+    """The request's path with each path parameter put back as ``{name}``: what route
+    failed, without the handle or id it was called with."""
+    names = {str(value): name for name, value in request.path_params.items()}
+    return "/".join(
+        f"{{{names[part]}}}" if part in names else part for part in request.url.path.split("/")
+    )
 
 
 def _public_message(status: int, exc: FermixError) -> str:
