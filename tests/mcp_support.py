@@ -86,15 +86,17 @@ def stdio_params(home: Path, *args: str) -> StdioServerParameters:
 
 
 def snapshot(db_path: Path, *, skip: str | None = None) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table (but the FTS shadows and the change log), read by a
-    connection of this process; rows naming ``skip`` (a chat's scope) are left out."""
+    """Every row of every table (but the FTS shadows, the change log and the vectors,
+    which the background embedder derives from the rows), read by a connection of this
+    process; rows naming ``skip`` (a chat's scope) are left out."""
     conn = open_database(db_path)
     try:
         out: dict[str, list[tuple[Any, ...]]] = {}
         for (table,) in fetch_rows(
             conn,
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '%fts%'"
-            " AND name NOT IN ('memory_changes', 'sqlite_sequence')",
+            " AND name NOT IN ('memory_changes', 'sqlite_sequence')"
+            " AND name NOT LIKE '%vector%' AND name NOT LIKE 'embedding%'",
         ):
             rows = fetch_rows(conn, f"SELECT * FROM {table}")
             if skip is not None:

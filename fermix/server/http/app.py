@@ -92,11 +92,11 @@ def create_app(
         """Whether the server answers. Needs no token and says nothing of the data."""
         return Health(status="ok", version=_version())
 
+    limit = max_body_bytes if max_body_bytes is not None else memory.config.server.max_body_bytes
     app.include_router(turn.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
-    limit = max_body_bytes if max_body_bytes is not None else memory.config.server.max_body_bytes
     app.add_middleware(BodyLimit, max_bytes=limit)
     app.add_middleware(_CountRequests, metrics=app.state.metrics)
     return app

@@ -121,6 +121,11 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code >= 500:
             record(request, exc.status_code, str(exc.detail))
+        if exc.status_code == 413:
+            limit = request.scope.get("fermix.max_body_bytes")
+            return error_response(
+                413, f"request body over the limit of {limit} bytes", field="body"
+            )
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

@@ -3,7 +3,8 @@
 A pure ASGI middleware: a declared ``Content-Length`` over the limit is a 413 at once, with
 nothing read; a body sent without one (chunked) is counted as it arrives and refused with a
 413 as soon as it passes the limit, so a client cannot make the server buffer more than
-``max_body_bytes`` of one request.
+``max_body_bytes`` of one request. (Starlette 1.x has a limit of its own, but it answers a
+declared length in plain text, replacing the JSON error every other answer has.)
 """
 
 from __future__ import annotations
@@ -11,13 +12,21 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fermix.server.http.errors import error_body
 
+LIMIT_SCOPE_KEY = "fermix.max_body_bytes"
+"""Where the limit is left in the request's scope, for the error handler's message."""
 
-class BodyTooLarge(Exception):
-    """Raised from ``receive`` when a request's body passes the limit."""
+
+class BodyTooLarge(HTTPException):
+    """Raised from ``receive`` when a request's body passes the limit: an HTTP error, so
+    the framework hands it to the app's JSON error handler (a 413 naming ``body``)."""
+
+    def __init__(self) -> None:
+        super().__init__(413, "request body over the limit")
 
 
 class BodyLimit:
@@ -31,6 +40,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        scope[LIMIT_SCOPE_KEY] = self.max_bytes
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             await _too_large(send, self.max_bytes)
