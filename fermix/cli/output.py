@@ -52,7 +52,12 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) 
     Cells and the title are :class:`rich.text.Text`, never markup: stored values such as
     ``[/INST]`` or ``[bold]`` are shown as they are and cannot break the output.
     """
-    out = Table(title=Text(title), title_justify="left", show_lines=False)
+    out = Table(
+        title=Text(title),
+        title_justify="left",
+        show_lines=False,
+        show_header=any(columns),  # a key / value table needs no empty header row
+    )
     for name in columns:
         out.add_column(Text(name), overflow="fold")
     for row in rows:
