@@ -155,7 +155,8 @@ async def _append(
                     return stored
                 if response.status != 503:
                     raise AssertionError(f"{response.status}: {await response.text()}")
-        except (TimeoutError, aiohttp.ClientConnectionError):
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
+            # Refused, reset, or cut off mid-answer by the kill: send it again, same key.
             pass
         client.retries += 1
         if time.monotonic() > deadline:
