@@ -13,6 +13,7 @@ from typing import Any
 
 import apsw
 import pytest
+from hostile_data import NUMBERS, TEXTS
 
 from fermix import model
 from fermix.api import Memory
@@ -30,21 +31,7 @@ from fermix.storage.connection import fetch_rows
 
 pytestmark = pytest.mark.keep_actors
 
-CATALOGUE = json.loads((Path(__file__).parent / "data" / "hostile_inputs.json").read_text())
 
-
-def _generated(spec: dict[str, Any]) -> str:
-    if "repeat" in spec:
-        return str(spec["repeat"]) * int(spec["times"])
-    if "nested_list_depth" in spec:
-        depth = int(spec["nested_list_depth"])
-        return "[" * depth + "]" * depth
-    depth = int(spec["nested_object_depth"])
-    return '{"a":' * depth + "1" + "}" * depth
-
-
-TEXTS: list[str] = CATALOGUE["texts"] + [_generated(g) for g in CATALOGUE["generated"]]
-NUMBERS: list[Any] = CATALOGUE["numbers"]
 IDS = [f"text{i}" for i in range(len(TEXTS))]
 
 
@@ -115,7 +102,10 @@ def _snapshot(memory: Memory, *, skip_chat: str | None = None) -> dict[str, list
         for (table,) in fetch_rows(
             conn,
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE '%fts%'"
-            " AND name NOT IN ('memory_changes', 'sqlite_sequence')",
+            " AND name NOT IN ('memory_changes', 'sqlite_sequence')"
+            # the vectors: derived, written by the background embedder at any moment (Q2)
+            " AND name NOT IN ('message_vectors', 'memory_vectors')"
+            " AND name NOT LIKE 'embedding%'",
         ):
             rows = fetch_rows(conn, f"SELECT * FROM {table}")
             if skip_chat is not None and table in ("messages", "conversations", "memories"):

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile_data import NUMBERS, TEXTS
 from mcp_support import snapshot
 from server_fixtures import ServerProcess
-from test_hostile import NUMBERS, TEXTS
 
 from fermix.model import ConversationKey
 from fermix.wire import encode_handle
@@ -127,9 +127,10 @@ def test_n8_hostile_text_in_every_field_of_an_append(
         if status >= 400:
             assert snapshot(db) == before, field
         before = snapshot(db)
+    quoted = urllib.parse.quote(text.encode("utf-8", "surrogatepass"), safe="")
     for path in (
-        f"/v1/conversations/{urllib.parse.quote(text.encode('utf-8', 'surrogatepass'), safe='')}/messages",
-        f"/v1/agents/assistant/memories/search?q={urllib.parse.quote(text.encode('utf-8', 'surrogatepass'), safe='')}",
+        f"/v1/conversations/{quoted}/messages",
+        f"/v1/agents/assistant/memories/search?q={quoted}",
     ):
         try:
             status, body = api.call("GET", path)

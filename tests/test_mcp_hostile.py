@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -23,6 +22,7 @@ import anyio
 import h11
 import httpx2
 import pytest
+from hostile_data import NUMBERS, TEXTS
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_support import files_of, http_client, served, snapshot
@@ -33,24 +33,10 @@ from fermix.server.mcp import SCHEME
 
 pytestmark = pytest.mark.keep_actors
 
-CATALOGUE = json.loads((Path(__file__).parent / "data" / "hostile_inputs.json").read_text())
 INTERNAL_ERROR = -32603
 CHAT = "hostile"
 SCOPE = f"mcp:{CHAT}"
 
-
-def _generated(spec: dict[str, Any]) -> str:
-    if "repeat" in spec:
-        return str(spec["repeat"]) * int(spec["times"])
-    if "nested_list_depth" in spec:
-        depth = int(spec["nested_list_depth"])
-        return "[" * depth + "]" * depth
-    depth = int(spec["nested_object_depth"])
-    return '{"a":' * depth + "1" + "}" * depth
-
-
-TEXTS: list[str] = CATALOGUE["texts"] + [_generated(g) for g in CATALOGUE["generated"]]
-NUMBERS: list[Any] = CATALOGUE["numbers"]
 
 
 class Target:
