@@ -223,6 +223,37 @@ class ReplicaConfig:
     )
 
 
+_BATCH = Rule("an integer from 1 to 1024", lambda v: _is_int(v) and 1 <= v <= 1024)
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """``[fermix_core.embedding]``: vectors for recall, fused with full-text search (Q1-Q3)."""
+
+    enabled: bool = _key(
+        True, _BOOL, "Embed messages and memory rows in the background and fuse (Q2, Q3)."
+    )
+    model: str = _key(
+        "wordllama",
+        _TEXT,
+        '"wordllama" (offline, no key, no download) or a litellm embedding model (Q1).',
+        "openai/text-embedding-3-small",
+    )
+    api_base: str | None = _key(
+        None,
+        _TEXT,
+        "Embedding server base URL; unset uses the provider's.",
+        "http://localhost:11434",
+    )
+    api_key_env: str | None = _key(
+        None,
+        _ENV_VAR,
+        "Variable holding the embedding API key; unset by default.",
+        "OPENAI_API_KEY",
+    )
+    batch_size: int = _key(32, _BATCH, "Rows embedded per background batch (Q2).")
+
+
 @dataclass(frozen=True)
 class Config:
     """Every section of ``config.toml``; ``Config()`` is all defaults."""
@@ -234,6 +265,7 @@ class Config:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     replica: ReplicaConfig = field(default_factory=ReplicaConfig)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
 
     def trust_of(self, owner_id: str) -> str:
         """The trust of ``owner_id`` when none is given: ``operator`` only for an owner
@@ -249,6 +281,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "security": SecurityConfig,
     "server": ServerConfig,
     "replica": ReplicaConfig,
+    "embedding": EmbeddingConfig,
 }
 """Each ``[fermix_core.<name>]`` table and the dataclass it loads into (a field of Config)."""
 

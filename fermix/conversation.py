@@ -161,15 +161,20 @@ class Conversation:
         (else ``guest``, M2).
         """
         author, author_trust = self._author(owner_id, trust)
-        return self.append(
+        # What append() would do with these arguments, without checking the author twice.
+        new = NewMessage(
+            self.key,
             "user",
             text,
-            sender=sender or author,
-            metadata=metadata,
             owner_id=author,
+            sender=sender or author,
+            metadata=dict(metadata) if metadata else {},
             trust=author_trust,
             client_key=client_key,
         )
+        return self._runtime.append(
+            new, trust=self.trust, peak_prompt_tokens=None, owner_id=self.owner_id
+        ).message
 
     def _author(self, owner_id: str | None, trust: str | None) -> tuple[str, str]:
         """Who wrote a message and at what trust: the conversation's unless given (M1, M2)."""

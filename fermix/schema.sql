@@ -338,3 +338,45 @@ BEGIN
     INSERT INTO messages_fts (rowid, content, search_scope)
         VALUES (new.id, new.content, new.search_scope);
 END;
+
+-- migration 8: vectors for recall, beside their rows (issue 14, Q2)
+-- A message's or memory row's vector is computed in the background after it is stored
+-- (fermix/runtime/embedding.py), never on the acknowledged path: a row without one is still
+-- found by full-text search. Vectors are int8, one BLOB per row, read by the rows of the
+-- scope searched (a conversation's index, an owner's FTS token), never the whole table.
+-- embedding_model records the model and dimension the vectors are of: one row, replaced
+-- when the configured model changes, and then every vector is computed again.
+-- embedding_tokens counts the tokens of each scope's embedded texts (a conversation's
+-- messages, an agent's memory rows): the offline model weighs a token by its rarity there.
+-- Editing a row's text drops its vector, so it is embedded again.
+CREATE TABLE embedding_model (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    model       TEXT NOT NULL,
+    dim         INTEGER NOT NULL CHECK (dim > 0),
+    recorded_at INTEGER NOT NULL
+);
+CREATE TABLE message_vectors (
+    message_id INTEGER PRIMARY KEY REFERENCES messages (id) ON DELETE CASCADE,
+    vector     BLOB NOT NULL
+);
+CREATE TABLE memory_vectors (
+    memory_id INTEGER PRIMARY KEY REFERENCES memories (id) ON DELETE CASCADE,
+    vector    BLOB NOT NULL
+);
+CREATE TABLE embedding_scopes (
+    id   INTEGER PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE
+);
+-- token -1 holds the scope's total.
+CREATE TABLE embedding_tokens (
+    scope_id INTEGER NOT NULL REFERENCES embedding_scopes (id) ON DELETE CASCADE,
+    token    INTEGER NOT NULL,
+    count    INTEGER NOT NULL,
+    PRIMARY KEY (scope_id, token)
+) WITHOUT ROWID;
+CREATE TRIGGER message_vectors_au AFTER UPDATE OF content ON messages BEGIN
+    DELETE FROM message_vectors WHERE message_id = new.id;
+END;
+CREATE TRIGGER memory_vectors_au AFTER UPDATE OF key, value ON memories BEGIN
+    DELETE FROM memory_vectors WHERE memory_id = new.id;
+END;

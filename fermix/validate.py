@@ -16,8 +16,16 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+_ACCEPTED_IDS = 4096
+_accepted_ids: set[str] = set()
+"""Non-empty identifiers accepted already (a plain ``str`` accepted once is accepted again):
+an append checks its owner, sender and kind, mostly the same few values every time."""
+
+
 def text(name: str, value: object, *, max_chars: int, allow_empty: bool = True) -> str:
     """Accept ``value`` as storable text: a str, valid UTF-8, at most ``max_chars`` long."""
+    if type(value) is str and allow_empty and len(value) <= max_chars and value.isascii():
+        return value  # the common case: ASCII is valid UTF-8
     if not isinstance(value, str):
         raise InvalidInputError(f"{name} must be a string, not {type(value).__name__}")
     if not allow_empty and not value.strip():
@@ -33,11 +41,17 @@ def text(name: str, value: object, *, max_chars: int, allow_empty: bool = True) 
 
 def identifier(name: str, value: object, *, allow_empty: bool = False) -> str:
     """Accept an id (agent, owner, channel, chat): short text without NUL or control chars."""
+    if type(value) is str and value in _accepted_ids:
+        return value
     value = text(name, value, max_chars=MAX_IDENTIFIER_CHARS, allow_empty=allow_empty)
     if not allow_empty and value == "":
         raise InvalidInputError(f"{name} must not be empty")
     if _CONTROL.search(value):
         raise InvalidInputError(f"{name} must not contain control characters")
+    if type(value) is str and value:
+        if len(_accepted_ids) >= _ACCEPTED_IDS:
+            _accepted_ids.clear()
+        _accepted_ids.add(value)
     return value
 
 

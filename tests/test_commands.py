@@ -105,14 +105,20 @@ def running(start_memory: StartMemory, model_server: ModelServer) -> Memory:
     return start_memory(config_for(model_server, context_window=2_000, compaction=compaction))
 
 
+DERIVED = "name NOT IN ('message_vectors', 'memory_vectors') AND name NOT LIKE 'embedding%'"
+"""The tables the background embedder writes whenever it catches up (Q2): derived from the
+rows, at moments no command controls, so they are no part of what a command changed."""
+
+
 def dump(memory: Memory) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table (FTS shadow tables included), and the schema version."""
+    """Every row of every table (FTS shadow tables included, the vectors not: DERIVED), and
+    the schema version."""
     conn = open_database(memory.home.db_path)  # its own connection: sees every commit
     try:
         tables = [
             name
             for (name,) in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+                f"SELECT name FROM sqlite_master WHERE type = 'table' AND {DERIVED} ORDER BY name"
             )
         ]
         found = {t: sorted(conn.execute(f'SELECT * FROM "{t}"'), key=repr) for t in tables}

@@ -25,8 +25,8 @@ from faults import FaultVFS
 
 from fermix.errors import StorageError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
+from fermix.storage import Database, Writes, messages, open_database
 from fermix.storage import committer as committer_module
-from fermix.storage import messages, open_database
 from fermix.storage.committer import Committer, RetryPolicy
 
 KEY = ConversationKey("agent", "cli", "1")
@@ -466,9 +466,10 @@ def test_a1_s8_no_commit_checkpoints_the_log_before_the_inline_threshold(
 def test_s8_past_the_inline_threshold_the_committing_party_checkpoints_and_the_log_restarts(
     tmp_path: Path,
 ) -> None:
-    committer = Committer(
-        open_database(tmp_path / "memory.db"), checkpoint_pages=16, inline_pages=64
-    )
+    conn = open_database(tmp_path / "memory.db")
+    # The log the migrations left (some 80 pages since migration 8) is not the committer's.
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    committer = Committer(conn, checkpoint_pages=16, inline_pages=64)
     assert committer._checkpointer is not None
     committer._checkpointer.request = lambda: None  # type: ignore[method-assign]
     pages = _pages_after_each(committer, 100)
@@ -495,3 +496,59 @@ def test_a1_s8_the_background_checkpointer_copies_the_log_and_stops_at_close(
         assert conn.execute("SELECT count(*) FROM messages").fetchall()[0][0] == 50
     finally:
         conn.close()
+
+
+# -- the conversation rows a write session knows (one touch statement less per append) ---
+
+
+def _append(db: Database, owner: str, trust: str, text: str) -> None:
+    def unit(writes: Writes) -> Message:
+        writes.touch_known(KEY, owner, trust)
+        return writes.insert_message(NewMessage(KEY, "user", text, owner_id=owner))
+
+    db.append(unit, label="append")
+
+
+def _owner_and_trust(db: Database) -> tuple[str, str]:
+    with db.read() as reads:
+        state = reads.conversation(KEY)
+    assert state is not None
+    return (state.owner_id, state.trust)
+
+
+def test_a1_m1_an_append_brings_the_row_back_after_another_process_or_unit_changed_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "memory.db"
+    mine, other = Database(path), Database(path)  # two connections: as two processes
+    try:
+        _append(mine, "alice", "operator", "a")
+        _append(mine, "alice", "operator", "b")  # known: no touch statement
+        other.write(lambda w: w.touch_conversation(KEY, owner_id="bob", trust="guest"))
+        assert _owner_and_trust(mine) == ("bob", "guest")
+        _append(mine, "alice", "operator", "c")  # another connection committed: touched
+        assert _owner_and_trust(mine) == ("alice", "operator")
+        # A unit of this process that is not an append may change the row: forgotten too.
+        mine.write(lambda w: w.update_conversation(KEY, owner_id="carol", trust="guest"))
+        _append(mine, "alice", "operator", "d")
+        assert _owner_and_trust(mine) == ("alice", "operator")
+
+        # A rolled-back append leaves nothing known: the next one touches again.
+        def failing(writes: Writes) -> None:
+            writes.touch_known(KEY, "dave", "guest")
+            raise ValueError("refused")
+
+        with pytest.raises(ValueError, match="refused"):
+            mine.append(failing, label="append")
+        assert _owner_and_trust(mine) == ("alice", "operator")
+        _append(mine, "dave", "guest", "e")
+        assert _owner_and_trust(mine) == ("dave", "guest")
+        mine.write(lambda w: w.update_conversation(KEY, owner_id="erin"))
+        with pytest.raises(ValueError, match="refused"):
+            mine.append(failing, label="append")
+        _append(mine, "dave", "guest", "f")
+        assert _owner_and_trust(mine) == ("dave", "guest")
+    finally:
+        mine.close()
+        other.close()
+    assert _stored(tmp_path) == ["a", "b", "c", "d", "e", "f"]

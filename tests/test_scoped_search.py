@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fermix.model import ConversationKey, NewMessage
 from fermix.storage import fts, messages, open_database, transaction
-from fermix.storage.migrations import migrations
+from fermix.storage.migrations import latest_version, migrations
 
 AGENTS = ("agent", "other")
 CHATS = ("alice", "bob", "carol")
@@ -294,7 +294,7 @@ def test_migration_7_backfills_every_message_of_a_migration_6_database(tmp_path:
 
     conn = open_database(path)
     try:
-        assert conn.execute("PRAGMA user_version").fetchall()[0][0] == 7
+        assert conn.execute("PRAGMA user_version").fetchall()[0][0] == latest_version()
         conn.execute("INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)")
         for message_id, (key, owner, word) in written.items():
             in_chat = messages.search(conn, word, key=key)

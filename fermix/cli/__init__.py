@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         chat,
         config_cmd,
         doctor,
+        index,
         job,
         mcp_cmd,
         memory,
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     setup.register(sub)
     restore.register(sub)
     token.register(sub)
+    index.register(sub)
     return parser
 
 

@@ -48,6 +48,7 @@ from fermix.model import (
 )
 from fermix.runtime import files
 from fermix.runtime.compacting import Compacting
+from fermix.runtime.embedding import Indexer
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
@@ -102,6 +103,8 @@ class Runtime:
         self.wait_s: float | None = None
         """How long a turn waits for its compaction; None derives it from the model timeout
         (:meth:`~fermix.runtime.compacting.Compacting.wait_s`). Tests set it."""
+        self.indexer: Indexer | None = None
+        """The background embedder (Q2), None when ``[fermix_core.embedding]`` is off."""
         self.timer = Timer()
         """The thread of the periodic work: passivation (A7) and, unless
         ``sweep_interval_s`` is 0, the sweep for due reviews (M7)."""
@@ -126,6 +129,9 @@ class Runtime:
                 raise
             self._started = True
             self.timer.start()
+            self.indexer = Indexer.from_config(self.db, self.writer, self.config.embedding)
+            if self.indexer is not None:
+                self.indexer.start()
         if self.reviewing.route.primary is None:
             log.warning("%s", llm.NO_MODEL_OFF)  # once per start, not per turn (M8)
 
@@ -195,6 +201,8 @@ class Runtime:
             self._closed = True
         try:
             self.timer.stop(timeout)
+            if self.indexer is not None:
+                self.indexer.stop(timeout)
             self.registry.stop()
             self.tree.stop(timeout=timeout)
         finally:
@@ -230,6 +238,8 @@ class Runtime:
     def _deliver(self, stored: Message) -> None:
         # Called by the writer after the commit, still in the conversation's order.
         self.registry.tell_if_live(stored.key, Appended(stored))
+        if self.indexer is not None:
+            self.indexer.wake()  # embeds behind the append, never on its path (Q2)
 
     def append(
         self,

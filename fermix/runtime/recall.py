@@ -14,6 +14,13 @@ is :func:`fermix.core.categories.visible_scopes`; the arguments were checked by
   and searches the history of this conversation or of this owner's conversations of the
   agent, never another owner's (T2);
 - ``memory_sources_list`` lists the sources the caller may see (T3).
+
+Searches fuse full-text and vector search (Q3) when this process embeds
+(:mod:`fermix.runtime.embedding`) and the scope searched has vectors: history through
+:func:`fermix.core.fusion.fuse_history` over the scope's messages, memory rows through
+:func:`fermix.core.fusion.fuse_rows` over each scope group's rows. A row found by neither
+full-text search nor a vector at least :data:`MIN_COSINE` close is not returned. Without
+vectors the search is the full-text one, unchanged.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fermix import validate
-from fermix.core import categories, tool_calls
+from fermix.core import categories, fusion, tool_calls
 from fermix.core.tool_calls import Recall, Store, ToolCall, ToolError
+from fermix.embedding import from_blobs
 from fermix.errors import InvalidInputError
 from fermix.model import (
     ConversationKey,
@@ -34,9 +42,18 @@ from fermix.model import (
     Scope,
     SearchHit,
 )
+from fermix.runtime import embedding
 from fermix.runtime.jobs import check_caller
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Reads, Writes
+from fermix.storage.fts import CANDIDATES
+from fermix.storage.vectors import conversation_scope, memory_scope
+
+MIN_COSINE = 0.2
+"""How close to the query a row's vector must be for a row full-text search did not find
+(SIF-pooled wordllama: related texts measure about 0.2 to 0.8, unrelated ones about 0)."""
+ROWS_CONSIDERED = 2_000
+"""Most recently updated rows of one scope group a memory search compares vectors with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +155,7 @@ def recall_rows(reads: Reads, caller: Caller, call: Recall) -> list[MemoryRow]:
         if call.key is not None:
             rows = reads.rows(**group.filters(), key=call.key)
         else:
-            rows = reads.search_rows(call.query or "", **group.filters(), limit=call.limit)
+            rows = search_rows(reads, call.query or "", group.filters(), limit=call.limit)
         for row in rows:
             found.setdefault(row.id, row)
     return list(found.values())[: call.limit]
@@ -150,10 +167,97 @@ def recall_history(
     """Messages matching ``text``: this conversation's at ``current``, otherwise this
     owner's conversations of the agent. History never crosses owners (SC3)."""
     if scope == "current":
-        return reads.search_messages(text, key=caller.key, limit=limit)
-    return reads.search_messages(
-        text, agent_id=caller.key.agent_id, owner_id=caller.owner_id, limit=limit
+        return search_history(reads, text, key=caller.key, limit=limit)
+    return search_history(
+        reads, text, agent_id=caller.key.agent_id, owner_id=caller.owner_id, limit=limit
     )
+
+
+def search_history(
+    reads: Reads,
+    text: str,
+    *,
+    key: ConversationKey | None = None,
+    agent_id: str | None = None,
+    owner_id: str | None = None,
+    limit: int = 10,
+    min_cosine: float | None = MIN_COSINE,
+    weights: fusion.Weights = fusion.DEFAULT,
+) -> list[SearchHit]:
+    """Messages of the scope matching ``text``, best first: full-text and vector search
+    fused (Q3) when the scope has vectors, else full-text only. A hit's ``rank`` is minus
+    its score (lower is better). Only the scope's own rows and vectors are read (Q4)."""
+    scope: dict[str, Any] = {"key": key, "agent_id": agent_id, "owner_id": owner_id}
+    indexer = embedding.active(reads)
+    if indexer is None or limit <= 0:
+        return reads.search_messages(text, **scope, limit=limit)
+    lexical = reads.search_messages(text, **scope, limit=max(CANDIDATES, limit))
+    rows = reads.scope_vectors(**scope)
+    if not rows or all(row.vector is None for row in rows):
+        return lexical[:limit]
+    conversations = {row.conversation for row in rows}
+    query = indexer.query(
+        reads, text, [conversation_scope(ConversationKey(*c)) for c in conversations]
+    )
+    if query is None:
+        return lexical[:limit]
+    index = {row.id: i for i, row in enumerate(rows)}
+    vectors, present = from_blobs([row.vector for row in rows], len(query))
+    history = fusion.History(
+        [row.conversation for row in rows],
+        [row.sender for row in rows],
+        [row.created_at for row in rows],
+        vectors,
+        present,
+    )
+    scores = {index[h.message.id]: -h.rank for h in lexical if h.message.id in index}
+    fused = fusion.fuse_history(text, query, history, scores, weights, min_cosine=min_cosine)
+    found = {hit.message.id: hit.message for hit in lexical}
+    hits = []
+    for i, score in fused[:limit]:
+        message = found.get(rows[i].id) or reads.message(rows[i].id)
+        if message is not None:  # deleted since: left out
+            hits.append(SearchHit(message, -score))
+    return hits
+
+
+def search_rows(reads: Reads, text: str, filters: dict[str, Any], *, limit: int) -> list[MemoryRow]:
+    """Live rows within ``filters`` matching ``text``, best first: full-text and vector
+    search fused (Q3) over the group's newest :data:`ROWS_CONSIDERED` rows when they have
+    vectors, else full-text only."""
+    lexical = reads.search_rows(text, **filters, limit=limit)
+    indexer = embedding.active(reads)
+    if indexer is None or limit <= 0:
+        return lexical
+    candidates = reads.rows(**filters, limit=ROWS_CONSIDERED)
+    return fuse_memory_rows(reads, indexer, text, candidates, lexical, limit=limit)
+
+
+def fuse_memory_rows(
+    reads: Reads,
+    indexer: embedding.Indexer,
+    text: str,
+    candidates: list[MemoryRow],
+    lexical: list[MemoryRow],
+    *,
+    limit: int,
+    min_cosine: float | None = MIN_COSINE,
+) -> list[MemoryRow]:
+    """``candidates`` and the full-text hits ``lexical`` (best first) fused with the
+    cosine of their vectors to ``text``; ``lexical`` itself when none has a vector."""
+    rows = list({row.id: row for row in (*lexical, *candidates)}.values())
+    stored = reads.memory_vectors([row.id for row in rows])
+    if not stored:
+        return lexical[:limit]
+    agents = {row.agent_id for row in rows}
+    query = indexer.query(reads, text[:20_000], [memory_scope(agent) for agent in agents])
+    if query is None:
+        return lexical[:limit]
+    vectors, present = from_blobs([stored.get(row.id) for row in rows], len(query))
+    fused = fusion.fuse_rows(
+        query, vectors, present, list(range(len(lexical))), min_cosine=min_cosine
+    )
+    return [rows[i] for i, _ in fused[:limit]]
 
 
 def sources(db: Database, caller: Caller) -> list[MemorySource]:

@@ -3,6 +3,8 @@
 The review's messages come from the backlog (``Reads.review_backlog``, packed by
 :func:`fermix.core.review.pack_backlog`); the rows beside them are chosen here: those of
 the places its speakers may touch, the most related and the newest within a token budget.
+"Most related" fuses full-text search with the rows' vectors when this process embeds and
+they have some (Q3, :func:`fermix.runtime.recall.fuse_memory_rows`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from fermix import model
 from fermix.core import review
 from fermix.core.review_admission import Speaker
 from fermix.model import ConversationState, MemoryRow
+from fermix.runtime import embedding
+from fermix.runtime.recall import ROWS_CONSIDERED, fuse_memory_rows
 from fermix.storage import Reads
 
 NEWEST_ROWS = 200
@@ -74,6 +78,17 @@ def shown_rows(
         places=places,
         limit=RELEVANT_ROWS,
     )
+    indexer = embedding.active(reads)
+    if indexer is not None:
+        candidates = [
+            row
+            for owner_id, scope in places
+            for row in reads.rows(
+                agent_id=state.agent_id, owner_id=owner_id, scopes=[scope], limit=ROWS_CONSIDERED
+            )
+        ]
+        text = "\n".join(m.content for m in messages)
+        relevant = fuse_memory_rows(reads, indexer, text, candidates, relevant, limit=RELEVANT_ROWS)
     newest = sorted(
         (
             row

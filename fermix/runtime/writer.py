@@ -108,11 +108,13 @@ class Writer:
         :class:`~fermix.errors.WriteFailedError` after the retries, and then nothing of it
         was kept.
         """
-        pending = PendingAppend(new, trust, peak_prompt_tokens, owner_id)
         key = new.key
+        unit = _unit_of(
+            new, new.owner_id if owner_id is None else owner_id, trust, peak_prompt_tokens
+        )
         with self._stripes[hash(key) % ORDER_STRIPES]:
             try:
-                result = self._db.write(_append_unit(pending), label=_append_label(key))
+                result = self._db.append(unit, label=_append_label(key))
             except WriteFailedError:
                 log.error("%s was not written", _append_label(key))
                 raise
@@ -120,9 +122,7 @@ class Writer:
                 self._deliver(result.message)
         return result
 
-    def append_many(
-        self, pending: Sequence[PendingAppend]
-    ) -> list[AppendResult | BaseException]:
+    def append_many(self, pending: Sequence[PendingAppend]) -> list[AppendResult | BaseException]:
         """Store each append of ``pending``, in order, sharing commits; return each one's
         result or error (one failing leaves the others stored).
 
@@ -134,7 +134,7 @@ class Writer:
         with contextlib.ExitStack() as held:
             for stripe in stripes:  # in one order everywhere: no deadlock
                 held.enter_context(self._stripes[stripe])
-            outcomes = self._db.write_each(
+            outcomes = self._db.append_each(
                 [(_append_unit(p), _append_label(p.new.key)) for p in pending]
             )
             results: list[AppendResult | BaseException] = []
@@ -227,20 +227,29 @@ def _append_unit(pending: PendingAppend) -> Callable[[Writes], AppendResult]:
     """The write unit of one append: the conversation touched, the message inserted (or
     found under its client key, N3), the recorded peak updated."""
     new = pending.new
-    key = new.key
     owner = new.owner_id if pending.owner_id is None else pending.owner_id
+    return _unit_of(new, owner, pending.trust, pending.peak_prompt_tokens)
+
+
+def _unit_of(
+    new: NewMessage, owner: str, trust: str, peak: int | None
+) -> Callable[[Writes], AppendResult]:
+    """:func:`_append_unit` of its parts. Run with :meth:`Database.append`: it changes a
+    conversation's owner and trust only through :meth:`Writes.touch_known`."""
+    key = new.key
+    client_key = new.client_key
 
     def unit(writes: Writes) -> AppendResult:
-        if new.client_key is not None:
+        if client_key is not None:
             # Read under the write lock: no other writer, in any process, can store the
             # same key between this read and the insert (N3).
-            earlier = writes.message_by_client_key(key, new.client_key)
+            earlier = writes.message_by_client_key(key, client_key)
             if earlier is not None:
                 return AppendResult(_same_message(earlier, new), replayed=True)
-        writes.touch_conversation(key, owner_id=owner, trust=pending.trust)
+        writes.touch_known(key, owner, trust)
         stored = writes.insert_message(new)
-        if pending.peak_prompt_tokens is not None:
-            writes.update_conversation(key, peak_prompt_tokens=pending.peak_prompt_tokens)
+        if peak is not None:
+            writes.update_conversation(key, peak_prompt_tokens=peak)
         return AppendResult(stored, replayed=False)
 
     return unit

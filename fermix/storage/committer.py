@@ -42,6 +42,13 @@ jittered waits), each attempt running the whole batch again. After the last atte
 unit of the batch fails with :class:`WriteFailedError` and nothing of it was committed; any
 other database error of ``BEGIN`` or ``COMMIT`` fails the batch the same way, without retry.
 
+**What the process knows, kept honest.** Units are called with the committer's ``session``
+(the connection, or the database's one write session), and ``on_reset`` is called, by the
+connection's holder, whenever what that session remembers of the database may be stale:
+after any rollback (of a transaction or of a unit's savepoint), and at the start of a
+transaction when SQLite's data version moved since this connection's last commit (another
+connection, in this process or another, committed; one file-control call per transaction).
+
 **Checkpoints off the acknowledged path.** SQLite's own auto-checkpoint (inside the
 ``COMMIT`` that crosses 1,000 log pages) is replaced by :mod:`fermix.storage.checkpoint`:
 a background thread copies the log back beside the writes, and the committing party only
@@ -75,7 +82,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Work = Callable[[apsw.Connection], Any]
+Work = Callable[[Any], Any]
+"""A unit: a function of the connection, or of the session the committer was given."""
 
 
 class _Unit:
@@ -128,8 +136,18 @@ class Committer:
         max_batch: int = 512,
         checkpoint_pages: int = CHECKPOINT_PAGES,
         inline_pages: int = CHECKPOINT_INLINE_PAGES,
+        session: Any = None,
+        on_reset: Callable[[], None] | None = None,
     ) -> None:
         self._conn = conn
+        self._session = conn if session is None else session
+        """What each unit is called with: the connection, or a session bound to it."""
+        self._on_reset = on_reset
+        """Called, by the connection's holder, when what this process knows of the database
+        may be stale: after a rollback, and when another connection committed since this
+        one's last commit (SQLite's data version moved; checked once per transaction)."""
+        self._version = -1
+        """The connection's data version after its last commit (-1: none yet)."""
         self._retry = retry
         self._max_batch = max_batch
         self._mutex = threading.Lock()
@@ -154,7 +172,7 @@ class Committer:
         """Pages in the log after the last commit, for tests."""
         return self._checkpoints.pages
 
-    def run(self, work: Callable[[apsw.Connection], T], *, label: str = "write") -> T:
+    def run(self, work: Callable[[Any], T], *, label: str = "write") -> T:
         """Run ``work(conn)`` in a write transaction; return its result once committed.
 
         ``label`` names the write in logs and errors (e.g. the conversation of an append).
@@ -321,16 +339,21 @@ class Committer:
         once). Transient errors propagate for a retry of the whole batch.
         """
         conn = self._conn
+        session = self._session
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if self._on_reset is not None and conn.data_version() != self._version:
+                self._on_reset()  # another connection committed: forget what it may change
             ran = 0
             while True:  # the units queued while these ran join the batch
                 for unit in batch[ran:]:
-                    unit.value = unit.work(conn)  # a result, but not an outcome until committed
+                    unit.value = unit.work(session)  # a result, not an outcome until committed
                 ran = len(batch)
                 if not (self._queue and self._absorb(batch)):
                     break
             conn.execute("COMMIT")
+            if self._on_reset is not None:
+                self._version = conn.data_version()
         except TRANSIENT_ERRORS:
             self._rollback()
             raise
@@ -355,8 +378,12 @@ class Committer:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if self._on_reset is not None:
+                self._on_reset()  # a unit's savepoint may roll back what it did
             outcomes = [self._savepointed(conn, unit.work) for unit in batch]
             conn.execute("COMMIT")
+            if self._on_reset is not None:
+                self._version = conn.data_version()
         except BaseException:
             self._rollback()
             raise
@@ -369,19 +396,25 @@ class Committer:
     def _savepointed(self, conn: apsw.Connection, work: Work) -> tuple[bool, Any]:
         conn.execute("SAVEPOINT unit")
         try:
-            value = work(conn)
+            value = work(self._session)
         except TRANSIENT_ERRORS:
             raise
         except Exception as exc:  # noqa: BLE001 - handed to this unit's caller, not hidden
             conn.execute("ROLLBACK TO unit")
             conn.execute("RELEASE unit")
+            if self._on_reset is not None:
+                self._on_reset()
             return (False, exc)
         conn.execute("RELEASE unit")
         return (True, value)
 
     def _rollback(self) -> None:
-        if not self._conn.get_autocommit():
-            self._conn.execute("ROLLBACK")
+        try:
+            if not self._conn.get_autocommit():
+                self._conn.execute("ROLLBACK")
+        finally:
+            if self._on_reset is not None:
+                self._on_reset()
 
 
 def _labels(batch: list[_Unit]) -> str:

@@ -41,7 +41,13 @@ class Database:
     ) -> None:
         self.path = Path(path)
         self.vfs = vfs
-        self._committer: Committer | None = Committer(open_database(path, vfs=vfs), retry=retry)
+        conn = open_database(path, vfs=vfs)
+        # One session for every unit of the write connection: its operations are bound once,
+        # and it keeps what this process wrote of the conversation rows (touch_known).
+        self._writes = Writes(conn)
+        self._committer: Committer | None = Committer(
+            conn, retry=retry, session=self._writes, on_reset=self._writes.forget
+        )
         self._readers = ReaderPool(path, size=readers, vfs=vfs)
 
     @classmethod
@@ -84,7 +90,14 @@ class Database:
         """
         if self._committer is None:
             raise StorageError(f"{self.path.name} is open for inspection only: {label} refused")
-        return self._committer.run(lambda conn: unit(Writes(conn)), label=label)
+        return self._committer.run(_forgetting(unit), label=label)
+
+    def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """:meth:`write` for a unit that changes no conversation's owner or trust but through
+        :meth:`Writes.touch_known` (an append): what this process knows of those stays."""
+        if self._committer is None:
+            raise StorageError(f"{self.path.name} is open for inspection only: {label} refused")
+        return self._committer.run(unit, label=label)
 
     def write_each(
         self, units: Sequence[tuple[Callable[[Writes], T], str]]
@@ -96,9 +109,15 @@ class Database:
         """
         if self._committer is None:
             raise StorageError(f"{self.path.name} is open for inspection only: writes refused")
-        return self._committer.run_many(
-            [(_bound(unit), label) for unit, label in units]
-        )
+        return self._committer.run_many([(_forgetting(unit), label) for unit, label in units])
+
+    def append_each(
+        self, units: Sequence[tuple[Callable[[Writes], T], str]]
+    ) -> list[tuple[bool, T | BaseException]]:
+        """:meth:`write_each` for appends, as :meth:`append` is :meth:`write` for one."""
+        if self._committer is None:
+            raise StorageError(f"{self.path.name} is open for inspection only: writes refused")
+        return self._committer.run_many(list(units))
 
     @property
     def commits(self) -> int:
@@ -114,5 +133,12 @@ class Database:
             self._readers.close()
 
 
-def _bound(unit: Callable[[Writes], T]) -> Callable[[apsw.Connection], T]:
-    return lambda conn: unit(Writes(conn))
+def _forgetting(unit: Callable[[Writes], T]) -> Callable[[Writes], T]:
+    """``unit``, first making its session forget the conversation rows it knows: any unit
+    but an append may change an owner or a trust."""
+
+    def run(writes: Writes) -> T:
+        writes.forget()
+        return unit(writes)
+
+    return run

@@ -28,6 +28,7 @@ from fermix.storage import memory_relevance as _relevance
 from fermix.storage import messages as _messages
 from fermix.storage import resources as _resources
 from fermix.storage import tokens as _tokens
+from fermix.storage import vectors as _vectors
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -124,9 +125,50 @@ class Reads:
     integrity_problems = _Op(_health.integrity_problems)
     fts_problem = _Op(_health.fts_problem)
 
+    # vectors for recall (Q2): the recorded model, rows to embed, a scope's vectors
+    embedding_model = _Op(_vectors.model)
+    messages_to_embed = _Op(_vectors.messages_to_embed)
+    memories_to_embed = _Op(_vectors.memories_to_embed)
+    token_counts = _Op(_vectors.token_counts)
+    scope_vectors = _Op(_vectors.scope_vectors)
+    memory_vectors = _Op(_vectors.memory_vectors)
+    vector_coverage = _Op(_vectors.coverage)
+    database_file = _Op(_vectors.database_file)
+
+
+_KNOWN_ROWS = 4096
+"""Conversation rows a write session remembers at most (then it starts over)."""
+
 
 class Writes(Reads):
-    """The write operations (and every read), inside one write transaction."""
+    """The write operations (and every read), inside one write transaction.
+
+    The database keeps one for its write connection, for every unit. It remembers the owner
+    and trust it last gave each conversation row (:meth:`touch_known`), as long as nothing
+    else may have changed them: the group commit calls :meth:`forget` after a rollback and
+    when another connection (another process) committed, and every unit but an append
+    starts by forgetting (:meth:`fermix.storage.Database.write`).
+    """
+
+    def __init__(self, conn: apsw.Connection) -> None:
+        super().__init__(conn)
+        self._known: dict[Any, tuple[str, str]] = {}
+
+    def touch_known(self, key: Any, owner_id: str, trust: str) -> None:
+        """:meth:`touch_conversation`, skipped when this session gave the row this owner
+        and trust and nothing can have changed it since (one statement less per append)."""
+        known = self._known
+        mark = (owner_id, trust)
+        if known.get(key) == mark:
+            return
+        _conversations.touch(self._conn, key, owner_id=owner_id, trust=trust)
+        if len(known) >= _KNOWN_ROWS:
+            known.clear()
+        known[key] = mark
+
+    def forget(self) -> None:
+        """Forget the conversation rows known: the next touch of each writes again."""
+        self._known.clear()
 
     # conversations
     touch_conversation = _Op(_conversations.touch)
@@ -160,3 +202,9 @@ class Writes(Reads):
 
     # health: an FTS mirror rebuilt from its content table (fermix doctor --fix)
     rebuild_fts = _Op(_health.rebuild_fts)
+
+    # vectors for recall (Q2)
+    record_embedding_model = _Op(_vectors.record_model)
+    reset_vectors = _Op(_vectors.reset)
+    store_message_vectors = _Op(_vectors.store_message_vectors)
+    store_memory_vectors = _Op(_vectors.store_memory_vectors)

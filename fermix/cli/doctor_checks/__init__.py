@@ -27,5 +27,6 @@ The modules, one concept each:
 - :mod:`.prompt_files`: USER.md and MEMORY.md against their rows;
 - :mod:`.reviews`: review claims and the reviewer's gates;
 - :mod:`.permissions`: the home and its data are owner-only (M10), and ``chmod go-rwx``;
+- :mod:`.vectors`: the vectors of recall: coverage, and a model mismatch (Q2);
 - :mod:`.fixes`: the repairs (``--fix``), the only module that writes.
 """

@@ -1,0 +1,295 @@
+"""Embeddings through one edge (Q1): an offline default and any litellm embedding model.
+
+An :class:`Embedder` turns texts into unit vectors. Two exist:
+
+- :class:`WordLlamaEmbedder`, the default (``[fermix_core.embedding] model = "wordllama"``):
+  the 256-dimension static token table of ``wordllama`` (16 MB, inside its wheel: no key,
+  no download, loaded once per process in about 0.1 s, some 13,000 chat turns a second on
+  one CPU). A text's vector is the sum of its tokens' vectors, each weighted by its rarity
+  in the scope the text belongs to, ``a / (a + p(t))`` with ``p(t)`` the token's share of
+  all the scope's tokens (:class:`TokenCounts`), then L2-normalised. Plain mean pooling
+  is dominated by names and common words and made fused recall worse on LoCoMo; the
+  weighting is what makes it useful (bench/recall_hybrid.py). The table and the
+  tokenizer are read from the wheel's files (:func:`_wordllama`), without importing the
+  ``wordllama`` package, which configures the host's logging on import.
+- :class:`LiteLLMEmbedder`: any embedding model litellm reaches (OpenAI, Ollama, an
+  OpenAI-compatible server), through ``litellm.embedding``, imported only when it is used.
+  Its texts need no token counts.
+
+Vectors are stored as int8 (:func:`to_int8`): a 256-dimension vector is 256 bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fermix.errors import ConfigError, FermixError
+
+WORDLLAMA = "wordllama"
+"""The configured name of the offline default."""
+SIF_A = 1e-3
+"""``a`` of the rarity weight ``a / (a + p(t))`` (measured on LoCoMo's tuning conversations)."""
+MAX_TEXT_CHARS = 8_000
+"""The start of a text that is embedded; the rest is left out."""
+
+Vectors = NDArray[np.float32]
+
+
+class EmbeddingError(FermixError):
+    """An embedding model could not be loaded or called."""
+
+
+@dataclass
+class TokenCounts:
+    """How often each token occurs in one scope's texts (its rows so far), and in all."""
+
+    counts: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+
+    def add(self, ids: Sequence[int]) -> None:
+        """Count the tokens of one more text."""
+        for token in ids:
+            self.counts[token] = self.counts.get(token, 0) + 1
+        self.total += len(ids)
+
+    def weights(self, ids: NDArray[np.int64]) -> NDArray[np.float32]:
+        """Each token's rarity weight ``a / (a + p(t))``; a token never seen weighs 1."""
+        seen = np.fromiter((self.counts.get(int(i), 0) for i in ids), np.float32, len(ids))
+        return (SIF_A / (SIF_A + seen / max(self.total, 1))).astype(np.float32)
+
+
+class Embedder(Protocol):
+    """What fermix needs of an embedding model."""
+
+    @property
+    def name(self) -> str:
+        """The model as recorded beside the vectors; vectors of another name are not used."""
+        ...
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether the vectors are weighted by per-scope token counts (:meth:`tokens`)."""
+        ...
+
+    def dimension(self) -> int:
+        """The length of a vector (may load the model or make one call)."""
+        ...
+
+    def tokens(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids, as the counts count them (empty lists if not counted)."""
+        ...
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        tokens: Sequence[Sequence[int]] | None = None,
+        counts: TokenCounts | None = None,
+    ) -> Vectors:
+        """Unit vectors of ``texts``, one row each (a text without tokens: zeros)."""
+        ...
+
+
+def to_int8(vectors: Vectors) -> NDArray[np.int8]:
+    """Unit vectors as int8, each component times 127."""
+    return np.clip(np.round(vectors * 127), -127, 127).astype(np.int8)
+
+
+def to_blob(vector: NDArray[np.int8]) -> bytes:
+    """One int8 vector as stored in SQLite."""
+    return vector.astype(np.int8).tobytes()
+
+
+def from_blobs(blobs: Sequence[bytes | None], dim: int) -> tuple[Vectors, NDArray[np.bool_]]:
+    """Stored int8 vectors as float rows (zeros where a row has none or one of another
+    length), and which rows had one."""
+    out = np.zeros((len(blobs), dim), dtype=np.float32)
+    present = np.zeros(len(blobs), dtype=bool)
+    for i, blob in enumerate(blobs):
+        if blob is not None and len(blob) == dim:
+            out[i] = np.frombuffer(blob, dtype=np.int8)
+            present[i] = True
+    out /= 127.0
+    return out, present
+
+
+WORDLLAMA_WEIGHTS = "weights/l2_supercat_256.safetensors"
+WORDLLAMA_TOKENIZER = "tokenizers/l2_supercat_tokenizer_config.json"
+"""The files of the default model inside the ``wordllama`` package folder."""
+
+_LOAD_LOCK = threading.Lock()
+_TABLE: Vectors | None = None
+_TOKENIZER: Any = None
+
+
+def _after_fork() -> None:
+    # A lock a thread of the parent held while it forked would stay held in the child; the
+    # loaded table and tokenizer are plain data and stay (a preloading host loads once).
+    global _LOAD_LOCK
+    _LOAD_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _wordllama() -> tuple[Vectors, Any]:
+    """wordllama's token table (float32) and its tokenizer without padding, loaded once per
+    process from the files of its wheel.
+
+    The ``wordllama`` package itself is never imported: its ``__init__`` calls
+    ``logging.basicConfig(level=logging.INFO)``, which would give the host's root logger a
+    stderr handler and the INFO level (litellm then prints every call's INFO line to
+    stdout, breaking a host that speaks on stdout). ``find_spec`` locates the package
+    folder without running it."""
+    global _TABLE, _TOKENIZER
+    with _LOAD_LOCK:
+        if _TABLE is None:
+            try:
+                spec = importlib.util.find_spec(WORDLLAMA)
+                if spec is None or not spec.submodule_search_locations:
+                    raise ImportError("the wordllama package is not installed")
+                here = Path(next(iter(spec.submodule_search_locations)))
+                from safetensors.numpy import load_file
+                from tokenizers import Tokenizer
+
+                tensors = load_file(str(here / WORDLLAMA_WEIGHTS))
+                table = np.ascontiguousarray(tensors["embedding.weight"], dtype=np.float32)
+                tokenizer = Tokenizer.from_file(str(here / WORDLLAMA_TOKENIZER))
+            except (ImportError, OSError, ValueError, RuntimeError, KeyError) as exc:
+                raise EmbeddingError(f"the offline embedding model did not load: {exc}") from exc
+            tokenizer.no_padding()
+            tokenizer.no_truncation()
+            _TABLE, _TOKENIZER = table, tokenizer
+        return _TABLE, _TOKENIZER
+
+
+class WordLlamaEmbedder:
+    """The offline default: wordllama's token vectors, pooled by rarity in the scope."""
+
+    name = "wordllama/l2_supercat_256/sif"
+    counts_tokens = True
+
+    def dimension(self) -> int:
+        return int(_wordllama()[0].shape[1])
+
+    def tokens(self, texts: Sequence[str]) -> list[list[int]]:
+        tokenizer = _wordllama()[1]
+        # One text at a time: encode_batch's thread pool is not safe across a fork.
+        return [
+            list(tokenizer.encode(text[:MAX_TEXT_CHARS], add_special_tokens=False).ids)
+            for text in texts
+        ]
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        tokens: Sequence[Sequence[int]] | None = None,
+        counts: TokenCounts | None = None,
+    ) -> Vectors:
+        table = _wordllama()[0]
+        ids = self.tokens(texts) if tokens is None else tokens
+        out = np.zeros((len(ids), table.shape[1]), dtype=np.float32)
+        lengths = np.array([len(x) for x in ids], dtype=np.int64)
+        if not len(ids) or lengths.sum() == 0:
+            return out
+        flat = np.concatenate([np.asarray(x, dtype=np.int64) for x in ids if len(x)])
+        weights = (counts or TokenCounts()).weights(flat)
+        starts = np.r_[0, np.cumsum(lengths[lengths > 0])[:-1]]
+        out[lengths > 0] = np.add.reduceat(table[flat] * weights[:, None], starts, axis=0)
+        return _unit(out)
+
+
+class LiteLLMEmbedder:
+    """Any litellm embedding model (``openai/text-embedding-3-small``, ``ollama/...``)."""
+
+    counts_tokens = False
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_base: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 60.0,
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        self.model = model
+        self.api_base = api_base
+        self.api_key_env = api_key_env
+        self.timeout_s = timeout_s
+        self._environ = environ
+        self._dim: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"litellm/{self.model}"
+
+    def dimension(self) -> int:
+        if self._dim is None:
+            self._dim = int(self.embed(["dimension"]).shape[1])
+        return self._dim
+
+    def tokens(self, texts: Sequence[str]) -> list[list[int]]:
+        return [[] for _ in texts]
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        tokens: Sequence[Sequence[int]] | None = None,
+        counts: TokenCounts | None = None,
+    ) -> Vectors:
+        if not texts:
+            return np.zeros((0, self._dim or 0), dtype=np.float32)
+        import litellm
+
+        kwargs: dict[str, Any] = {"timeout": self.timeout_s}
+        if self.api_base is not None:
+            kwargs["api_base"] = self.api_base
+        if self.api_key_env is not None:
+            key = self._environ.get(self.api_key_env)
+            if not key:
+                raise EmbeddingError(f"the variable {self.api_key_env} holds no API key")
+            kwargs["api_key"] = key
+        inputs = [text[:MAX_TEXT_CHARS] or " " for text in texts]
+        try:
+            response = litellm.embedding(model=self.model, input=inputs, **kwargs)
+        except Exception as exc:  # any provider's error is an EmbeddingError
+            raise EmbeddingError(f"{self.model}: {type(exc).__name__}: {exc}") from exc
+        data = sorted(response.data, key=lambda item: _field(item, "index"))
+        out = np.asarray([_field(item, "embedding") for item in data], dtype=np.float32)
+        if out.ndim != 2 or out.shape[0] != len(texts):
+            raise EmbeddingError(f"{self.model} returned {out.shape} for {len(texts)} texts")
+        self._dim = int(out.shape[1])
+        return _unit(out)
+
+
+def _unit(vectors: Vectors) -> Vectors:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit: Vectors = (vectors / np.maximum(norms, 1e-9)).astype(np.float32)
+    return unit
+
+
+def _field(item: Any, name: str) -> Any:
+    return item[name] if isinstance(item, Mapping) else getattr(item, name)
+
+
+def from_config(
+    model: str, *, api_base: str | None = None, api_key_env: str | None = None
+) -> Embedder:
+    """The embedder ``[fermix_core.embedding]`` names."""
+    if not model.strip():
+        raise ConfigError("fermix_core.embedding.model must name a model")
+    if model == WORDLLAMA:
+        return WordLlamaEmbedder()
+    return LiteLLMEmbedder(model, api_base=api_base, api_key_env=api_key_env)

@@ -1,0 +1,350 @@
+"""``Indexer``: the background embedder of one process (Q2), and the query vectors of search.
+
+Nothing is embedded on the acknowledged path. An append wakes the indexer (:meth:`wake`,
+an event set), whose thread then embeds in batches of ``batch_size`` what has no vector
+yet, oldest first: messages, then live memory rows. Each batch is read in a read unit,
+embedded off any lock, and stored in one write through the writer, where a row that went
+away meanwhile, or got its vector from another process, is skipped. It looks for rows
+without a vector, so a crash loses nothing: the next start finds them again. Without an
+append it looks again every ``poll_s`` seconds (memory rows are written by reviews, and
+other processes append too), and from the first row every ``rescan_s``.
+
+The indexer yields to appends, which share the process (its GIL, its CPUs) and the writer
+with it: woken, it waits until no append came for ``settle_s`` (at most ``max_delay_s``),
+and after a batch during which appends came it waits again, at most ``yield_factor`` times
+the batch's own time, so that under a steady stream of appends it takes a bounded share of
+the process and vectors still follow (bench/append.py measures appends with it on).
+
+A forked child runs none of its parent's indexers: :meth:`Indexer.stop` there joins no
+thread, and the module's registry and lock start afresh (``os.register_at_fork``).
+
+At start the indexer records its model and dimension (``embedding_model``); when another
+was recorded, every vector is dropped and computed again in the background. If another
+process records a different model later, this one stops embedding and its searches use no
+vectors (the last process started wins, and ``fermix doctor`` reports the mismatch).
+
+A search finds its process's indexer by the database file (:func:`active`); without one
+(embedding off, or a plain storage session) search is full-text only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fermix.config import EmbeddingConfig
+from fermix.embedding import Embedder, EmbeddingError, TokenCounts, from_config, to_blob, to_int8
+from fermix.errors import FermixError
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Reads, Writes
+from fermix.storage.vectors import PendingText, StoredVector
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int], None]
+"""Told how many rows a batch embedded (``fermix index rebuild``'s progress bar)."""
+
+
+class Indexer:
+    """Embeds what has no vector yet, in batches, on its own thread (Q2)."""
+
+    def __init__(
+        self,
+        db: Database,
+        writer: Writer,
+        embedder: Embedder,
+        *,
+        batch_size: int = 32,
+        poll_s: float = 5.0,
+        rescan_s: float = 600.0,
+        retry_s: float = 30.0,
+        settle_s: float = 0.05,
+        max_delay_s: float = 2.0,
+        yield_factor: float = 4.0,
+    ) -> None:
+        self.db = db
+        self.writer = writer
+        self.embedder = embedder
+        self.batch_size = batch_size
+        self.poll_s = poll_s
+        self.rescan_s = rescan_s
+        self.retry_s = retry_s
+        self.settle_s = settle_s
+        self.max_delay_s = max_delay_s
+        self.yield_factor = yield_factor
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._stop = threading.Event()
+        self._waking = threading.Lock()
+        """Orders :meth:`wake` with the thread's check before it says it is idle."""
+        self._woken = 0
+        """Counts :meth:`wake` calls: the thread waiting for appends to pause reads it, so
+        that an append wakes no thread (only the first after a pass sets ``_wake``)."""
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+        """The process whose thread this is: a forked child has none of its parent's."""
+        self._lock = threading.Lock()
+        self._recorded: tuple[str, int] | None = None
+        self._message_cursor = 0
+        self._memory_cursor = 0
+        self._scanned_at = time.monotonic()
+        self.embedded = 0
+        """Rows this indexer embedded since it started."""
+
+    @classmethod
+    def from_config(cls, db: Database, writer: Writer, config: EmbeddingConfig) -> Indexer | None:
+        """The indexer ``[fermix_core.embedding]`` asks for, or None when it is off."""
+        if not config.enabled:
+            return None
+        embedder = from_config(
+            config.model, api_base=config.api_base, api_key_env=config.api_key_env
+        )
+        return cls(db, writer, embedder, batch_size=config.batch_size)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread (it loads the model and records it first, off the caller's path)."""
+        with self._lock:
+            if self._thread is None:
+                self._pid = os.getpid()
+                self._thread = threading.Thread(
+                    target=self._run, name="fermix-embedder", daemon=True
+                )
+                self._thread.start()
+        register(self.db, self)
+
+    def wake(self) -> None:
+        """Something was stored: look for rows without a vector (once appends pause).
+
+        On the append path: while ``_wake`` is set (and so ``_idle`` clear, and a pass
+        due), it only counts."""
+        self._woken += 1
+        if not self._wake.is_set():
+            with self._waking:
+                self._idle.clear()
+                self._wake.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until the thread found nothing to embed since the last :meth:`wake`."""
+        return self._idle.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the thread after the batch under way (at most ``timeout`` seconds)."""
+        unregister(self.db, self)
+        thread = self._thread
+        if thread is not None and self._pid != os.getpid():
+            # Started by the process this one was forked from: its thread stayed there, and
+            # its events' locks may be held by it forever. Nothing here to stop or join.
+            return
+        self._stop.set()
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()  # what is stored from here on wakes the next pass
+            started = time.monotonic()
+            try:
+                busy = self.step()
+            except (FermixError, OSError) as exc:
+                log.warning("background embedding paused for %g s: %s", self.retry_s, exc)
+                self._stop.wait(self.retry_s)
+                continue
+            if busy:
+                if self._wake.is_set():  # appends came meanwhile: let them have the process
+                    spent = time.monotonic() - started
+                    self._settle(max(self.settle_s, self.yield_factor * spent))
+                continue
+            with self._waking:
+                if not self._wake.is_set():
+                    self._idle.set()
+            if self._wake.wait(self.poll_s):
+                self._settle(self.max_delay_s)
+
+    def _settle(self, budget: float) -> None:
+        """Wait until no :meth:`wake` came for ``settle_s``, or ``budget`` seconds passed
+        (sleeping, never woken by an append: :attr:`_woken` says whether any came)."""
+        end = time.monotonic() + budget
+        while not self._stop.is_set():
+            seen = self._woken
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
+            self._stop.wait(min(self.settle_s, remaining))
+            if self._woken == seen:
+                return
+
+    # -- the work -----------------------------------------------------------------------
+
+    def record(self) -> tuple[str, int]:
+        """Record this indexer's model as the vectors' (dropping any of another model)."""
+        recorded = (self.embedder.name, self.embedder.dimension())
+        changed = self.writer.write(
+            lambda w: w.record_embedding_model(*recorded), label="record embedding model"
+        )
+        if changed:
+            log.debug("embedding model %s (%d dims) recorded; embedding again", *recorded)
+            self.rewind()
+        self._recorded = recorded
+        return recorded
+
+    def rewind(self) -> None:
+        """Look for rows without a vector from the first row again."""
+        self._message_cursor = self._memory_cursor = 0
+        self._scanned_at = time.monotonic()
+
+    def usable(self, reads: Reads) -> bool:
+        """Whether the stored vectors are this indexer's model's."""
+        recorded = self._recorded
+        return recorded is not None and reads.embedding_model() == recorded
+
+    def step(self) -> bool:
+        """Embed one batch; returns whether there was any work."""
+        if self._recorded is None:
+            self.record()
+        if time.monotonic() - self._scanned_at > self.rescan_s:
+            self.rewind()
+        with self.db.read() as reads:
+            if not self.usable(reads):
+                return False  # another process recorded another model since
+            messages = reads.messages_to_embed(after_id=self._message_cursor, limit=self.batch_size)
+            memories = (
+                []
+                if messages
+                else reads.memories_to_embed(after_id=self._memory_cursor, limit=self.batch_size)
+            )
+            pending = messages or memories
+            if not pending:
+                self._memory_cursor = 0  # rows whose text changed lost their vector
+                return False
+            items = self._vectors(reads, pending)
+        recorded = self._recorded
+
+        def unit(writes: Writes) -> int:
+            if writes.embedding_model() != recorded:
+                return 0
+            if messages:
+                return writes.store_message_vectors(items)
+            return writes.store_memory_vectors(items)
+
+        self.writer.write(unit, label="embed messages" if messages else "embed memory rows")
+        if messages:
+            self._message_cursor = pending[-1].id
+        else:
+            self._memory_cursor = pending[-1].id
+        self.embedded += len(items)
+        return True
+
+    def catch_up(self, progress: Progress = lambda n: None) -> int:
+        """Embed batches until nothing is left (``fermix index rebuild``); returns how many."""
+        done = 0
+        self.rewind()
+        while not self._stop.is_set():
+            before = self.embedded
+            if not self.step():
+                break
+            progress(self.embedded - before)
+            done += self.embedded - before
+        return done
+
+    def _vectors(self, reads: Reads, pending: Sequence[PendingText]) -> list[StoredVector]:
+        texts = [p.text for p in pending]
+        tokens = self.embedder.tokens(texts)
+        vectors = np.zeros((len(pending), self._recorded[1] if self._recorded else 0), np.float32)
+        if not self.embedder.counts_tokens:
+            vectors = self.embedder.embed(texts)
+        else:
+            for scope in dict.fromkeys(p.scope for p in pending):
+                rows = [i for i, p in enumerate(pending) if p.scope == scope]
+                counts = self.counts(reads, [scope], (t for i in rows for t in tokens[i]))
+                for i in rows:  # the batch's own rows count too
+                    counts.add(tokens[i])
+                vectors[rows] = self.embedder.embed(
+                    [texts[i] for i in rows], tokens=[tokens[i] for i in rows], counts=counts
+                )
+        blobs = to_int8(vectors)
+        return [
+            StoredVector(p.id, p.scope, to_blob(blobs[i]), tokens[i]) for i, p in enumerate(pending)
+        ]
+
+    # -- search -------------------------------------------------------------------------
+
+    def counts(self, reads: Reads, scopes: Iterable[str], tokens: Iterable[int]) -> TokenCounts:
+        """The token counts of ``scopes`` for ``tokens`` (and their total)."""
+        found, total = reads.token_counts(list(scopes), list(tokens))
+        return TokenCounts(found, total)
+
+    def query(self, reads: Reads, text: str, scopes: Iterable[str]) -> NDArray[np.float32] | None:
+        """``text``'s unit vector, weighted by the counts of ``scopes``; None when the
+        stored vectors are of another model, the text has no token, or the model failed."""
+        if not self.usable(reads):
+            return None
+        try:
+            tokens = self.embedder.tokens([text])
+            counts = self.counts(reads, scopes, tokens[0]) if self.embedder.counts_tokens else None
+            vector: NDArray[np.float32] = self.embedder.embed([text], tokens=tokens, counts=counts)[
+                0
+            ]
+        except EmbeddingError as exc:
+            log.warning("search without vectors: %s", exc)
+            return None
+        recorded = self._recorded
+        if recorded is None or len(vector) != recorded[1] or not np.any(vector):
+            return None
+        return vector
+
+
+# -- which indexer serves a database --------------------------------------------------
+
+_ACTIVE: dict[str, list[Indexer]] = {}
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _after_fork() -> None:
+    # A forked child runs none of its parent's indexers (their threads stayed behind), and
+    # the lock may have been held by one of them at the fork: both start afresh.
+    global _ACTIVE_LOCK
+    _ACTIVE_LOCK = threading.Lock()
+    _ACTIVE.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _path(db: Database) -> str:
+    with db.read() as reads:
+        return reads.database_file()
+
+
+def register(db: Database, indexer: Indexer) -> None:
+    """Make ``indexer`` serve the searches of ``db``'s file in this process."""
+    path = _path(db)
+    with _ACTIVE_LOCK:
+        _ACTIVE.setdefault(path, []).append(indexer)
+
+
+def unregister(db: Database, indexer: Indexer) -> None:
+    """Stop ``indexer`` serving searches."""
+    with _ACTIVE_LOCK:
+        for path, found in list(_ACTIVE.items()):
+            if indexer in found:
+                found.remove(indexer)
+            if not found:
+                del _ACTIVE[path]
+
+
+def active(reads: Reads) -> Indexer | None:
+    """The running indexer of the database ``reads`` reads, if this process has one."""
+    if not _ACTIVE:
+        return None
+    with _ACTIVE_LOCK:
+        found = _ACTIVE.get(reads.database_file())
+        return found[-1] if found else None

@@ -1,0 +1,232 @@
+"""The embedding edge (Q1): the offline default and litellm models, the config section."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fermix import embedding
+from fermix.config import Config, EmbeddingConfig, parse_config
+from fermix.embedding import (
+    EmbeddingError,
+    LiteLLMEmbedder,
+    TokenCounts,
+    WordLlamaEmbedder,
+    from_blobs,
+    from_config,
+    to_blob,
+    to_int8,
+)
+from fermix.errors import ConfigError
+
+
+def test_q1_the_offline_model_loads_and_embeds_with_the_network_refused() -> None:
+    code = (
+        "import socket\n"
+        "def refuse(*a, **k):\n"
+        "    raise OSError('network refused by the test')\n"
+        "socket.socket.connect = refuse\n"
+        "socket.create_connection = refuse\n"
+        "socket.getaddrinfo = refuse\n"
+        "import logging, sys\n"
+        "before = (logging.root.level, list(logging.root.handlers))\n"
+        "from fermix.embedding import WordLlamaEmbedder\n"
+        "e = WordLlamaEmbedder()\n"
+        "v = e.embed(['Mel got married in June'])\n"
+        "assert e.dimension() == 256 and v.shape == (1, 256), v.shape\n"
+        "assert abs(float((v * v).sum()) - 1) < 1e-5\n"
+        "assert 'litellm' not in sys.modules\n"
+        # wordllama's own __init__ calls logging.basicConfig(level=INFO): never run it, or
+        # the host's root logger prints every library's INFO line (litellm's to stdout)
+        "assert (logging.root.level, list(logging.root.handlers)) == before\n"
+        "assert 'wordllama' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    env = {"HF_HUB_OFFLINE": "0", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+FORK_AFTER_USE = """
+import os, json, select, signal, sys, threading, time
+from fermix import Memory
+from fermix import embedding
+from fermix.runtime import embedding as indexers
+
+FILLER = ["I bought a new bike yesterday", "The weather is nice today", "My cat is called Tom",
+          "Mel got married in June", "Work was busy this week", "The train was late again"]
+RECALL = {"function": {"name": "memory_recall", "arguments": json.dumps(
+    {"query": "sister's wedding", "source": "history"})}}
+
+
+def use(memory, chat):
+    conv = memory.conversation("agent", "tg", chat, owner_id="me")
+    for text in FILLER:
+        conv.append_user(text)
+    assert memory._runtime.indexer.wait_idle(30)
+    found = json.loads(memory.tools.run(RECALL, conv))["history"]
+    assert found[0]["content"] == "Mel got married in June", found  # through the vectors
+    return conv
+
+
+parent_home, child_home = sys.argv[1], sys.argv[2]
+memory = Memory(parent_home).start()
+conv = use(memory, "parent")
+for i in range(200):  # the parent's embedder is busy when it forks
+    conv.append_user(f"more text number {i} about trains and bikes")
+# As if a thread of the parent held them at the fork (loading the model, registering).
+embedding._LOAD_LOCK.acquire()
+indexers._ACTIVE_LOCK.acquire()
+pid = os.fork()
+if pid == 0:
+    try:
+        inherited = memory._runtime.indexer
+        start = time.monotonic()
+        inherited.stop(30)  # its thread stayed in the parent: nothing to join here
+        assert time.monotonic() - start < 1, "joined a thread of the parent"
+        with Memory(child_home) as mine:
+            use(mine, "child")
+        print("child ok", flush=True)
+        os._exit(0)
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+        os._exit(1)
+embedding._LOAD_LOCK.release()
+indexers._ACTIVE_LOCK.release()
+pidfd = os.pidfd_open(pid)
+if not select.select([pidfd], [], [], 60)[0]:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    sys.exit("the forked child hung")
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+memory.close()
+print("parent ok", flush=True)
+"""
+
+
+def test_q2_a_process_forked_after_using_the_embedder_embeds_and_searches(
+    tmp_path: Path,
+) -> None:
+    """A host that forks after using fermix (gunicorn's preload, a zygote): the child stops
+    nothing of its parent's, takes no lock a parent's thread held, and its own Memory
+    embeds and searches with vectors."""
+    homes = [tmp_path / "parent", tmp_path / "child"]
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_USE, *map(str, homes)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["child ok", "parent ok"], proc.stdout + proc.stderr
+
+
+def test_q1_rarity_weights_lower_the_tokens_a_scope_repeats() -> None:
+    counts = TokenCounts()
+    counts.add([1, 1, 1, 1, 2])
+    weights = counts.weights(np.array([1, 2, 3], dtype=np.int64))
+    assert weights[0] < weights[1] < weights[2] == pytest.approx(1.0)
+
+
+def test_q1_the_scope_counts_change_the_vector_and_every_vector_is_a_unit() -> None:
+    e = WordLlamaEmbedder()
+    texts = ["Caroline went to the LGBTQ support group", "Caroline likes painting sunsets"]
+    tokens = e.tokens(texts)
+    counts = TokenCounts()
+    for found in tokens:
+        counts.add(found)
+    plain, weighted = e.embed(texts), e.embed(texts, tokens=tokens, counts=counts)
+    assert np.allclose(np.linalg.norm(weighted, axis=1), 1.0, atol=1e-5)
+    assert not np.allclose(plain, weighted)
+    assert not e.embed([""]).any()  # no token: a zero vector, never NaN
+
+
+def test_q1_int8_vectors_round_trip_and_a_missing_or_foreign_blob_is_absent() -> None:
+    v = WordLlamaEmbedder().embed(["a photo of a sunset over the lake"])
+    blob = to_blob(to_int8(v)[0])
+    assert len(blob) == 256
+    back, present = from_blobs([blob, None, b"\x01" * 8], 256)
+    assert present.tolist() == [True, False, False]
+    assert float(back[0] @ v[0]) > 0.99
+    assert not back[1].any() and not back[2].any()
+
+
+def test_q1_the_config_section_picks_the_model(tmp_path: Path) -> None:
+    assert isinstance(from_config(Config().embedding.model), WordLlamaEmbedder)
+    config = parse_config(
+        '[fermix_core.embedding]\nmodel = "openai/text-embedding-3-small"\n'
+        'api_base = "http://localhost:1"\napi_key_env = "MY_KEY"\nbatch_size = 8\n',
+        "config.toml",
+    )
+    assert config.embedding == EmbeddingConfig(
+        model="openai/text-embedding-3-small",
+        api_base="http://localhost:1",
+        api_key_env="MY_KEY",
+        batch_size=8,
+    )
+    made = from_config(
+        config.embedding.model,
+        api_base=config.embedding.api_base,
+        api_key_env=config.embedding.api_key_env,
+    )
+    assert (
+        isinstance(made, LiteLLMEmbedder) and made.name == "litellm/openai/text-embedding-3-small"
+    )
+    for bad in ("batch_size = 0", "enabled = 1", 'api_key_env = "sk-abc def"', 'model = " "'):
+        with pytest.raises(ConfigError, match=r"fermix_core\.embedding"):
+            parse_config(f"[fermix_core.embedding]\n{bad}\n", "config.toml")
+
+
+def test_q1_a_litellm_model_is_called_through_litellm_embedding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[dict[str, Any]] = []
+
+    def fake_embedding(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        data = [
+            {"index": i, "embedding": [float(i + 1), 0.0, 1.0]} for i in range(len(kwargs["input"]))
+        ]
+        return types.SimpleNamespace(data=list(reversed(data)))
+
+    monkeypatch.setitem(sys.modules, "litellm", types.SimpleNamespace(embedding=fake_embedding))
+    e = LiteLLMEmbedder(
+        "ollama/nomic-embed-text",
+        api_base="http://localhost:11434",
+        api_key_env="K",
+        environ={"K": "s"},
+    )
+    vectors = e.embed(["one", "two"])
+    assert vectors.shape == (2, 3) and e.dimension() == 3
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    assert vectors[0] @ vectors[1] < 0.99  # in input order, not the response's
+    assert calls[0]["model"] == "ollama/nomic-embed-text"
+    assert calls[0]["api_base"] == "http://localhost:11434" and calls[0]["api_key"] == "s"
+    assert not e.counts_tokens and e.tokens(["x"]) == [[]]
+
+
+def test_q1_a_litellm_model_without_its_key_or_failing_is_an_embedding_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def failing(**kwargs: Any) -> Any:
+        raise RuntimeError("connection refused")
+
+    monkeypatch.setitem(sys.modules, "litellm", types.SimpleNamespace(embedding=failing))
+    with pytest.raises(EmbeddingError, match="holds no API key"):
+        LiteLLMEmbedder("openai/x", api_key_env="NOT_SET", environ={}).embed(["a"])
+    with pytest.raises(EmbeddingError, match="connection refused"):
+        LiteLLMEmbedder("openai/x").embed(["a"])
+    assert Config().embedding.model == embedding.WORDLLAMA

@@ -1,0 +1,305 @@
+"""Vectors behind appends (Q2), fusion (Q3), bounded by the scope searched (Q4)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from factories import StartMemory
+
+from fermix import Memory
+from fermix.cli import main
+from fermix.cli.doctor_checks.vectors import check_vectors
+from fermix.config import Config, EmbeddingConfig
+from fermix.core import fusion
+from fermix.embedding import TokenCounts, Vectors, WordLlamaEmbedder
+from fermix.home import Home
+from fermix.model import ConversationKey, NewMessage
+from fermix.runtime import embedding, recall
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.writer import Writer
+from fermix.storage import Database
+
+FILLER = [
+    "I bought a new bike yesterday",
+    "The weather is nice today",
+    "My cat is called Tom",
+    "We should try the new pizza place",
+    "Mel got married in June",
+    "Work was busy this week",
+    "I am reading a book about Rome",
+    "The train was late again",
+]
+
+
+class Blocking:
+    """The offline embedder, held at each call until released."""
+
+    def __init__(self, name: str = WordLlamaEmbedder.name, dim: int | None = None) -> None:
+        self.inner = WordLlamaEmbedder()
+        self.release = threading.Event()
+        self.name = name
+        self.counts_tokens = True
+        self._dim = dim
+
+    def dimension(self) -> int:
+        return self._dim or self.inner.dimension()
+
+    def tokens(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.inner.tokens(texts)
+
+    def embed(
+        self,
+        texts: Sequence[str],
+        *,
+        tokens: Sequence[Sequence[int]] | None = None,
+        counts: TokenCounts | None = None,
+    ) -> Vectors:
+        assert self.release.wait(30)
+        out = self.inner.embed(texts, tokens=tokens, counts=counts)
+        return out[:, : self.dimension()] if self._dim else out
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> tuple[Database, Writer]:
+    home = Home(tmp_path)
+    db = Database(home.db_path)
+    yield db, Writer(db, PromptFiles(home, db))
+    db.close()
+
+
+KEY = ConversationKey("agent", "tg", "1")
+
+
+def _append(
+    writer: Writer, texts: Sequence[str], key: ConversationKey = KEY, owner: str = "me"
+) -> None:
+    for text in texts:
+        writer.append(NewMessage(key, "user", text, owner_id=owner, sender="Ann"), trust="operator")
+
+
+def _coverage(db: Database) -> tuple[int, int]:
+    with db.read() as reads:
+        found = reads.vector_coverage()
+    return found.message_vectors, found.messages
+
+
+def test_q2_vectors_appear_behind_appends_without_blocking_them(
+    store: tuple[Database, Writer],
+) -> None:
+    db, writer = store
+    embedder = Blocking()
+    embedder.release.set()  # let it record the model, then hold the batches
+    indexer = embedding.Indexer(db, writer, embedder, batch_size=4, poll_s=0.05)
+    indexer.record()
+    embedder.release.clear()
+    indexer.start()
+    try:
+        start = time.perf_counter()
+        _append(writer, FILLER)
+        indexer.wake()
+        assert time.perf_counter() - start < 2.0  # appends never wait for the model
+        assert _coverage(db) == (0, len(FILLER))
+        embedder.release.set()
+        indexer.wake()
+        assert indexer.wait_idle(30)
+        assert _coverage(db) == (len(FILLER), len(FILLER))
+    finally:
+        indexer.stop()
+
+
+def test_q2_a_row_without_a_vector_is_found_lexically(store: tuple[Database, Writer]) -> None:
+    db, writer = store
+    indexer = embedding.Indexer(db, writer, WordLlamaEmbedder())
+    _append(writer, FILLER)
+    indexer.record()
+    indexer.catch_up()
+    _append(writer, ["The zeppelin landed in Friedrichshafen"])  # no vector: nothing embeds
+    embedding.register(db, indexer)
+    try:
+        with db.read() as reads:
+            assert reads.vector_coverage().message_vectors == len(FILLER)
+            hits = recall.search_history(reads, "zeppelin", key=KEY, limit=3)
+        assert hits[0].message.content == "The zeppelin landed in Friedrichshafen"
+    finally:
+        embedding.unregister(db, indexer)
+
+
+def test_q2_a_model_change_embeds_everything_again_and_the_doctor_says_so(
+    store: tuple[Database, Writer],
+) -> None:
+    db, writer = store
+    _append(writer, FILLER)
+    old = Blocking(name="test/other-model", dim=16)
+    old.release.set()
+    first = embedding.Indexer(db, writer, old)
+    first.record()
+    assert first.catch_up() == len(FILLER)
+    with db.read() as reads:
+        assert reads.embedding_model() == ("test/other-model", 16)
+        mismatch = check_vectors(reads, Config())
+    assert mismatch.status == "warn" and "test/other-model" in mismatch.summary
+    new = embedding.Indexer(db, writer, WordLlamaEmbedder())
+    new.record()  # a host started with the configured model: the old vectors go
+    assert _coverage(db) == (0, len(FILLER))
+    assert new.catch_up() == len(FILLER)
+    with db.read() as reads:
+        assert reads.embedding_model() == (WordLlamaEmbedder.name, 256)
+        assert check_vectors(reads, Config()).status == "pass"
+        off = check_vectors(reads, Config(embedding=EmbeddingConfig(enabled=False)))
+    assert off.status == "skip"
+
+
+def test_q3_a_paraphrase_full_text_search_misses_is_found_through_the_tools(
+    start_memory: StartMemory,
+) -> None:
+    memory: Memory = start_memory()
+    conv = memory.conversation("agent", "tg", "1", owner_id="me")
+    for text in FILLER:
+        conv.append_user(text)
+    indexer = memory._runtime.indexer
+    assert indexer is not None and indexer.wait_idle(30)
+    assert _coverage(memory._runtime.db) == (len(FILLER), len(FILLER))
+    with memory._runtime.db.read() as reads:
+        assert reads.search_messages("sister's wedding", key=conv.key) == []
+    call = {
+        "function": {
+            "name": "memory_recall",
+            "arguments": json.dumps({"query": "sister's wedding", "source": "history"}),
+        }
+    }
+    result = json.loads(memory.tools.run(call, conv))
+    assert result["history"][0]["content"] == "Mel got married in June"
+
+
+def test_q4_hybrid_search_stays_in_the_scope_searched(store: tuple[Database, Writer]) -> None:
+    db, writer = store
+    other = ConversationKey("agent", "tg", "2")
+    _append(writer, FILLER)
+    _append(writer, ["My sister Mel had her wedding in June"], key=other, owner="you")
+    indexer = embedding.Indexer(db, writer, WordLlamaEmbedder())
+    indexer.record()
+    indexer.catch_up()
+    embedding.register(db, indexer)
+    try:
+        with db.read() as reads:
+            mine = recall.search_history(reads, "sister's wedding", key=KEY, limit=20)
+            owner = recall.search_history(
+                reads, "sister's wedding", agent_id="agent", owner_id="me", limit=20
+            )
+            theirs = recall.search_history(
+                reads, "sister's wedding", agent_id="agent", owner_id="you", limit=20
+            )
+    finally:
+        embedding.unregister(db, indexer)
+    assert mine and all(h.message.key == KEY for h in mine)
+    assert owner and all(h.message.owner_id == "me" for h in owner)
+    assert [h.message.content for h in theirs] == ["My sister Mel had her wedding in June"]
+
+
+def test_q3_memory_rows_fuse_with_their_vectors(start_memory: StartMemory) -> None:
+    memory: Memory = start_memory()
+    conv = memory.conversation("agent", "tg", "1", owner_id="me")
+    for key, value in (("pet", "a tabby cat called Tom"), ("job", "nurse at the city hospital")):
+        stored = memory.tools.run(
+            {
+                "function": {
+                    "name": "memory_store",
+                    "arguments": json.dumps({"key": key, "value": value}),
+                }
+            },
+            conv,
+        )
+        assert "error" not in json.loads(stored)
+    indexer = memory._runtime.indexer
+    assert indexer is not None
+    indexer.wake()
+    deadline = time.monotonic() + 30
+    while True:
+        with memory._runtime.db.read() as reads:
+            if reads.vector_coverage().memory_vectors == 2:
+                break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    call = {"function": {"name": "memory_recall", "arguments": json.dumps({"query": "kitten"})}}
+    found = json.loads(memory.tools.run(call, conv))
+    assert [row["key"] for row in found["memories"]][:1] == ["pet"]
+
+
+def test_q2_index_status_and_rebuild(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    home = Home(tmp_path)
+    db = Database(home.db_path)
+    _append(Writer(db, PromptFiles(home, db)), FILLER)
+    db.close()
+    assert main(["--home", str(tmp_path), "index", "status", "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert (before["messages"], before["message_vectors"], before["recorded_model"]) == (8, 0, None)
+    assert main(["--home", str(tmp_path), "index", "rebuild", "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert after["embedded"] == 8 and after["message_vectors"] == 8 and after["model_matches"]
+
+
+# -- fusion, pure -------------------------------------------------------------------------
+
+
+def _history(
+    n: int, vectors: np.ndarray | None = None, senders: Sequence[str] = ()
+) -> fusion.History:
+    vectors = np.zeros((n, 2), np.float32) if vectors is None else vectors.astype(np.float32)
+    return fusion.History(
+        ["c"] * n,
+        list(senders) or ["Ann"] * n,
+        [i * 1000 for i in range(n)],
+        vectors,
+        np.linalg.norm(vectors, axis=1) > 0,
+    )
+
+
+def test_q3_sessions_break_at_a_gap_and_at_another_conversation() -> None:
+    found = fusion.sessions(["a", "a", "a", "b"], [0, 1000, 10**8, 10**8 + 1], 30 * 60 * 1000)
+    assert found.tolist() == [0, 0, 1, 2]
+
+
+def test_q3_a_named_sender_is_boosted_unless_every_sender_is_named() -> None:
+    assert fusion.named_senders("What did Caroline paint?", ["Caroline", "Melanie"]) == {"Caroline"}
+    assert fusion.named_senders("Did Caroline and Melanie meet?", ["Caroline", "Melanie"]) == set()
+
+
+def test_q3_without_vectors_the_full_text_order_is_kept() -> None:
+    plain = fusion.Weights(sender_boost=0, neighbour=0, session_boost=0)
+    fused = fusion.fuse_history("x", None, _history(5), {3: 2.0, 1: 1.0}, plain, min_cosine=0.2)
+    assert [i for i, _ in fused] == [3, 1]
+
+
+def test_q3_the_dense_score_reorders_and_min_cosine_drops_what_is_far() -> None:
+    vectors = np.array([[1, 0], [0, 1], [0.8, 0.6], [-1, 0]])
+    plain = fusion.Weights(context=0, sender_boost=0, neighbour=0, session_boost=0)
+    query = np.array([1.0, 0.0], np.float32)
+    everything = fusion.fuse_history("x", query, _history(4, vectors), {}, plain)
+    assert [i for i, _ in everything] == [0, 2, 1, 3]
+    near = fusion.fuse_history("x", query, _history(4, vectors), {3: 1.0}, plain, min_cosine=0.5)
+    assert sorted(i for i, _ in near) == [0, 2, 3]  # 3 is a full-text hit, 1 is far
+
+
+def test_q3_a_row_without_a_vector_gets_the_mean_dense_score() -> None:
+    scores = fusion.normalised(np.array([0.0, 1.0, 5.0]), np.array([True, True, False]))
+    assert scores.tolist() == [0.0, 1.0, 0.5]
+
+
+def test_q3_neighbour_expansion_lifts_the_turn_next_to_a_hit() -> None:
+    only = fusion.Weights(context=0, sender_boost=0, neighbour=0.2, session_boost=0)
+    fused = dict(fusion.fuse_history("x", None, _history(5), {2: 1.0}, only))
+    assert fused[1] == fused[3] == pytest.approx(0.2 * 0.5)
+    assert fused[0] == fused[4] == 0
+
+
+def test_q3_memory_rows_fuse_full_text_rank_and_cosine() -> None:
+    vectors = np.array([[1, 0], [0, 1], [0, 0]], np.float32)
+    present = np.array([True, True, False])
+    fused = fusion.fuse_rows(np.array([0, 1], np.float32), vectors, present, [2, 0], min_cosine=0.5)
+    assert [i for i, _ in fused] == [2, 1, 0]
