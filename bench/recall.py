@@ -1,227 +1,126 @@
-"""Turn-level retrieval recall of fermix's history search on LoCoMo, with its baselines (T2).
+"""Turn-level recall of fermix's history search on LoCoMo, with every baseline, and search at scale.
 
-Usage: ``python bench/recall.py [--data PATH] [--quick]``
+Usage: ``python bench/recall.py [--data PATH] [--quick] [--scale N]``
 
-Every turn of every conversation in ``locomo-dev.json`` (read from ``../shared/data/``,
-never copied into the repository: CC BY-NC 4.0) is stored as a message through the
-storage port (:class:`fermix.storage.Database`), one conversation key per sample, in a
-database in a temporary directory. Each question of categories 1-4 is searched as the
-memory tools search a conversation's history (``search_messages(question, key=...,
-limit=20)`` in a read session); turn recall@k is the share of the question's evidence
-turns found in the top k, averaged over questions.
+**Recall** (issues 2 and 14). Every turn of every conversation of ``locomo-dev.json``
+(``../shared/data/``, never copied into the repository: CC BY-NC 4.0; ``--quick``: the first
+conversation only) is stored as a message through the storage port, one conversation key
+per sample, with its speaker as ``sender`` and its session's date as ``created_at``. The
+vectors are then computed as a host computes them, by the background embedder's code
+(:class:`fermix.runtime.embedding.Indexer`, ``catch_up``, batches of 32) with the offline
+default model (wordllama, SIF-pooled by each conversation's token counts, int8). Each
+question of categories 1-4 is searched as ``memory_recall`` searches a conversation's
+history, limit 20; turn recall@k is the share of the question's evidence turns in the top
+k, averaged over questions.
 
-The baselines, all in the same process and run, answer the same questions over the same
-turns with the same metric:
+The headline (``turn_r5``, ``turn_r10``, ``turn_r20``, ``p50_ms``, ``p99_ms``) is fermix's
+shipped search: :func:`fermix.runtime.recall.search_history` with this process's embedder
+registered, full-text and vectors fused (:mod:`fermix.core.fusion`). In the same process
+and run, over the same turns, with the same metric and per category:
 
-- the two of ``shared/data/README.md``, on plain FTS5 tables of their own (one per
-  conversation, so bm25 sees only that conversation, as in the README): every question
-  word quoted and OR-ed over ``unicode61``, and the same minus NLTK's English stopwords
-  over ``porter unicode61``. They are the published reference for recall (the 58.8 target
-  is the porter one's R@10); their tables are not fermix's index, so no latency is
-  compared with them;
-- fermix's own MATCH expression on the same ``messages_fts`` index of the same database,
-  ranked by FTS5's ``bm25()`` alone, on a raw apsw connection, returning the same top 20
-  whole messages: recall against it shows what fermix's scoped re-ranking adds, and its
-  query time is the floor for fermix's (``p50_ratio_vs_plain_fts5`` is fermix's p50 over
-  its p50; the two alternate question by question).
+- the README's two baselines (``shared/data/README.md``) on plain FTS5 tables of their own,
+  one per conversation: every question word quoted and OR-ed over ``unicode61``, and the
+  same minus NLTK's English stopwords over ``porter unicode61`` (the 58.8 target of issue 2
+  is the porter one's R@10). Their tables are not fermix's index: no latency is compared;
+- fermix's own MATCH expression on the same ``messages_fts`` index, ranked by FTS5's
+  ``bm25()`` alone, on a raw apsw connection, returning the same 20 whole rows: its query
+  time is the floor (``p50_ratio_vs_plain_fts5`` is the hybrid's p50 over it);
+- fermix's full-text search of before (``Reads.search_messages``, what ``search_history``
+  runs in a process without an embedder): the ``lexical_*`` figures.
 
-Then the scale case (issue 14): 1,000,000 messages (``--quick``: 100,000; ``--scale N``;
-0 skips it) of recycled LoCoMo turns in conversations of 500, five conversations per owner,
-one agent, sessions of 25 interleaved across conversations. It is built once through
-fermix's own storage into ``$XDG_CACHE_HOME/fermix-bench`` (or ``~/.cache/fermix-bench``),
-outside the repository, under a name keyed by the schema version and a hash of schema.sql,
-the data and the parameters, so a schema change builds it again. Timed: a search of one
-conversation, of one owner's conversations, and ``memory_recall`` of the owner's history,
-p50 / p99 over 300 LoCoMo questions; and the file's bytes per message.
+These three and the hybrid alternate question by question in a rotating order. Then the
+ablations of the hybrid, one signal removed at a time (and ``min_cosine`` moved), in a
+pass of their own.
 
-The last line printed is one JSON object with the headline numbers.
+**Honesty** (issue 14, item 6): the fusion's weights were tuned on conversations 1-3
+(conv-26, conv-30, conv-41) only; 4-5 (conv-42, conv-43) are held out and reported apart
+(``tune_*``, ``held_*``). ``--quick`` asks conversation 1 only, a tuning one: its figures
+are not held-out figures.
+
+**Ideas tried** (the study behind :mod:`fermix.core.fusion`; greedy, one at a time, chosen
+on the tuning conversations; turn R@10 tune / held out / all; full-text alone 63.7 / 62.1 /
+62.9). Kept:
+
+==========================================================  ===========  =========
+idea                                                        R@10 tune /  verdict
+                                                            held out
+==========================================================  ===========  =========
+dense alone, wordllama's mean pooling (its default)         21.9 / 40.0  dropped
+dense alone, rarity pooling (SIF a=1e-3, per conversation)  60.9 / 58.2  kept
+RRF (k=60) of full-text and SIF dense                       65.4 / 62.7  replaced
+a x lex/max + (1-a) x min-max cosine, a=0.7                 66.8 / 65.1  kept
+turn vector + 0.75 x its session neighbours' (context)      68.8 / 67.9  kept
++ 0.3 x the best fused score of a neighbour (expansion)     72.0 / 67.8  kept
++ 0.4 to turns of a sender the question names               75.5 / 71.6  kept
+'Sender: text' in the indexed text (with the boost)         76.4 / 71.9  dropped*
++ 0.1 x the best of the session's top 3 (session boost)     78.6 / 73.5  kept
+dense query minus stopwords                                 78.1 / 73.4  dropped
+turn vector mixed with its best sentence's (0.5)            79.0 / 73.4  dropped
+lexical top 50-300, dense top-k pool vs the whole scope     ~78.5 / 73.5 no change
+vectors at append time (counts so far), int8                78.4 / 73.9  kept
+coordinate descent, tune only: ctx 0.75, alpha 0.5, nb 0.2  81.0 / 76.9  shipped
+==========================================================  ===========  =========
+
+(*) kept by the greedy pass, dropped by the final one: no better held out in the coordinate
+descent, and it changes what is indexed. Dates appended for temporal questions were not
+measured in the final pass; temporal is already the best category (see the table by
+category). The ablation rows of this run give each kept signal's effect as shipped.
+
+**Scale** (issue 14, item 4; :mod:`_recall_scale`): 1,000,000 messages (``--quick``:
+100,000; ``--scale N``; 0 skips it) of recycled LoCoMo turns, 2,000 conversations of 500,
+five per owner, built once and cached outside the repository with and without vectors.
+Timed: hybrid (``scale_conversation_p99_ms``, ``scale_owner_p99_ms``) and lexical
+(``scale_lexical_*``) search of one conversation and of an owner's five, and
+``memory_recall``; the file's bytes per message without vectors and with them.
+
+The last line printed is one JSON object with the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
-import os
-import random
-import re
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from importlib import resources
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import apsw
+from _recall_data import (
+    CATEGORIES,
+    CATEGORY_NAMES,
+    DEFAULT_DATA,
+    HELD,
+    KS,
+    LIMIT,
+    TUNE,
+    Conversation,
+    Score,
+    Turn,
+    load,
+    readme_baselines,
+)
+from _recall_scale import SCALE_MESSAGES, SCALE_QUICK_MESSAGES, ScaleResult, render_scale, run_scale
 from rich.console import Console
 from rich.table import Table
 
+from fermix.config import Config
+from fermix.core import fusion
+from fermix.home import Home
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage import Database, Writes, fts, migrations, open_database, transaction
+from fermix.runtime import embedding, recall
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.writer import Writer
+from fermix.storage import Database, Reads, Writes, fts
 from fermix.storage.messages import SearchScope
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/locomo-dev.json"
-CATEGORIES = (1, 2, 3, 4)
-KS = (5, 10, 20)
-LIMIT = max(KS)
-_EVIDENCE = re.compile(r"D:?(\d+):(\d+)")
-_WORD = re.compile(r"\w+")
 MESSAGE_COLUMNS = ", ".join(f"m.{f.name}" for f in dataclasses.fields(Message))
-# NLTK's English stopwords, fixed here so the baseline does not move with fermix's list.
-BASELINE_STOPWORDS = frozenset(
-    """
-    a about above after again against ain all am an and any are aren as at be because been
-    before being below between both but by can couldn d did didn do does doesn doing don
-    down during each few for from further had hadn has hasn have haven having he her here
-    hers herself him himself his how i if in into is isn it its itself just ll m ma me
-    mightn more most mustn my myself needn no nor not now o of off on once only or other
-    our ours ourselves out over own re s same shan she should shouldn so some such t than
-    that the their theirs them themselves then there these they this those through to too
-    under until up ve very was wasn we were weren what when where which while who whom why
-    will with won wouldn y you your yours yourself yourselves
-    """.split()  # noqa: SIM905 (a word list reads better as text)
-)
 
-
-@dataclass(frozen=True)
-class Question:
-    """One QA item with the evidence turns that exist in its conversation."""
-
-    text: str
-    category: int
-    evidence: frozenset[str]
-
-
-@dataclass(frozen=True)
-class Conversation:
-    """One LoCoMo sample: its turns in order (dia_id, content) and its questions."""
-
-    sample_id: str
-    turns: tuple[tuple[str, str], ...]
-    questions: tuple[Question, ...]
-
-
-def parse_evidence(items: Iterable[str], known: set[str]) -> frozenset[str]:
-    """Evidence ids as dia_ids; "D8:6; D9:17" holds two, "D:11:26" means D11:26."""
-    found = {f"D{a}:{b}" for item in items for a, b in _EVIDENCE.findall(str(item))}
-    return frozenset(found & known)
-
-
-def load(path: Path, *, quick: bool) -> list[Conversation]:
-    """The conversations of ``path`` (only the first when ``quick``)."""
-    samples = json.loads(path.read_text(encoding="utf-8"))
-    if quick:
-        samples = samples[:1]
-    out = []
-    for sample in samples:
-        conv = sample["conversation"]
-        sessions = sorted(
-            (int(k.split("_")[1]), v)
-            for k, v in conv.items()
-            if re.fullmatch(r"session_\d+", k) and isinstance(v, list)
-        )
-        turns = []
-        for _, session in sessions:
-            for turn in session:
-                caption = turn.get("blip_caption")
-                content = turn["text"] + (f" {caption}" if caption else "")
-                turns.append((turn["dia_id"], content))
-        known = {dia for dia, _ in turns}
-        questions = []
-        for qa in sample["qa"]:
-            evidence = parse_evidence(qa.get("evidence", []), known)
-            if qa["category"] in CATEGORIES and evidence:
-                questions.append(Question(str(qa["question"]), qa["category"], evidence))
-        out.append(Conversation(sample["sample_id"], tuple(turns), tuple(questions)))
-    return out
-
-
-@dataclass
-class Score:
-    """Recall sums and query times of one method."""
-
-    name: str
-    sums: dict[int, float]
-    by_category: dict[int, list[float]]
-    times_ms: list[float]
-    count: int = 0
-
-    @classmethod
-    def named(cls, name: str) -> Score:
-        """An empty score."""
-        return cls(name, dict.fromkeys(KS, 0.0), {c: [] for c in CATEGORIES}, [])
-
-    def add(self, question: Question, found: Sequence[str], elapsed_ms: float) -> None:
-        """Record one question's ranked dia_ids."""
-        self.count += 1
-        self.times_ms.append(elapsed_ms)
-        for k in KS:
-            self.sums[k] += len(question.evidence & set(found[:k])) / len(question.evidence)
-        self.by_category[question.category].append(
-            len(question.evidence & set(found[:10])) / len(question.evidence)
-        )
-
-    def recall(self, k: int) -> float:
-        """Mean recall@k in percent."""
-        return round(100 * self.sums[k] / max(self.count, 1), 1)
-
-    def percentile_ms(self, q: float) -> float:
-        """The q-th percentile of query time."""
-        ordered = sorted(self.times_ms)
-        return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 2)
-
-
-def run_fermix(convs: list[Conversation], workdir: Path) -> tuple[Score, Score]:
-    """fermix's search, and fermix's words ranked by FTS5's bm25 alone, on one index.
-
-    fermix's search runs as the memory tools run it (a read session of
-    :class:`~fermix.storage.Database`, ``search_messages``); the baseline asks the same
-    ``messages_fts`` index of the same database, on a raw apsw connection, for the same
-    MATCH expression (:func:`fermix.storage.fts.build_query`) ranked by ``bm25()`` alone
-    and returns the same answer: the top ``LIMIT`` messages of the conversation, every
-    column. The two alternate, question by question, in a rotating order.
-    """
-    db = Database(workdir / "bench.db")
-    raw = apsw.Connection(str(workdir / "bench.db"))
-    ids: dict[str, dict[int, str]] = {}
-    keys: dict[str, ConversationKey] = {}
-    try:
-        for conv in convs:
-            key = ConversationKey("bench", "locomo", conv.sample_id)
-            keys[conv.sample_id] = key
-            news = [NewMessage(key, "user", content) for _, content in conv.turns]
-
-            def insert(w: Writes, news: list[NewMessage] = news) -> list[Message]:
-                return [w.insert_message(new, created_at=i) for i, new in enumerate(news)]
-
-            stored = db.write(insert, label="bench seed")
-            ids[conv.sample_id] = {
-                m.id: dia for m, (dia, _) in zip(stored, conv.turns, strict=True)
-            }
-        fermix = Score.named("fermix: search_messages")
-        plain = Score.named("fermix words, FTS5 bm25 alone, same index")
-        n = 0
-        for conv in convs:
-            key, by_id = keys[conv.sample_id], ids[conv.sample_id]
-            for question in conv.questions:
-                for score in (fermix, plain) if n % 2 == 0 else (plain, fermix):
-                    start = time.perf_counter()
-                    if score is fermix:
-                        with db.read() as reads:
-                            hits = reads.search_messages(question.text, key=key, limit=LIMIT)
-                        found = [h.message.id for h in hits]
-                    else:
-                        found = plain_search(raw, question.text, key)
-                    elapsed = (time.perf_counter() - start) * 1000
-                    score.add(question, [by_id[i] for i in found], elapsed)
-                n += 1
-    finally:
-        raw.close()
-        db.close()
-    return fermix, plain
+Method = Callable[[Reads, str, ConversationKey], list[int]]
 
 
 def plain_search(conn: apsw.Connection, text: str, key: ConversationKey) -> list[int]:
@@ -243,315 +142,254 @@ def plain_search(conn: apsw.Connection, text: str, key: ConversationKey) -> list
     return [Message(*r).id for r in conn.execute(sql, (scope.match(words), *scope.params, LIMIT))]
 
 
-def words_query(text: str, stopwords: frozenset[str] = frozenset()) -> str | None:
-    """Every word of ``text`` (minus ``stopwords``) quoted and OR-ed: the README baselines."""
-    words = dict.fromkeys(w.lower() for w in _WORD.findall(text) if w.lower() not in stopwords)
-    return " OR ".join(f'"{w}"' for w in words) or None
+def lexical(reads: Reads, text: str, key: ConversationKey) -> list[int]:
+    """fermix's full-text search, as a process without an embedder runs it."""
+    return [h.message.id for h in reads.search_messages(text, key=key, limit=LIMIT)]
 
 
-def run_baseline(
-    convs: list[Conversation], name: str, tokenizer: str, query: Callable[[str], str | None]
-) -> Score:
-    """Plain FTS5 with bm25, one table per conversation."""
-    conn = apsw.Connection(":memory:")
-    score = Score.named(name)
-    for n, conv in enumerate(convs):
-        table = f"turns_{n}"
-        conn.execute(
-            f"CREATE VIRTUAL TABLE {table} USING fts5(content, dia UNINDEXED,"
-            f" tokenize = '{tokenizer}')"
+def hybrid(min_cosine: float | None = recall.MIN_COSINE, **weights: Any) -> Method:
+    """fermix's search as ``memory_recall`` runs it, with other fusion parameters if given."""
+    chosen = replace(fusion.DEFAULT, **weights)
+
+    def run(reads: Reads, text: str, key: ConversationKey) -> list[int]:
+        hits = recall.search_history(
+            reads, text, key=key, limit=LIMIT, min_cosine=min_cosine, weights=chosen
         )
-        with conn:
-            conn.executemany(f"INSERT INTO {table} (dia, content) VALUES (?, ?)", conv.turns)
-        for question in conv.questions:
-            start = time.perf_counter()
-            match = query(question.text)
-            rows = (
-                []
-                if match is None
-                else conn.execute(
-                    f"SELECT dia FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT ?",
-                    (match, LIMIT),
-                ).fetchall()
-            )
-            elapsed = (time.perf_counter() - start) * 1000
-            score.add(question, [str(r[0]) for r in rows], elapsed)
-    conn.close()
-    return score
+        return [h.message.id for h in hits]
+
+    return run
 
 
-def render(console: Console, scores: list[Score], questions: int, conversations: int) -> None:
-    """The recall table and fermix's recall@10 by category."""
-    table = Table(title=f"LoCoMo turn recall, {questions} questions, {conversations} conversations")
+ABLATIONS: tuple[tuple[str, str, Method], ...] = (
+    ("all_rows", "  every row ranked (no min_cosine)", hybrid(None)),
+    ("no_dense", "  - vectors (alpha 1; boosts kept)", hybrid(None, alpha=1.0)),
+    ("no_context", "  - neighbours in the vectors (context 0)", hybrid(None, context=0.0)),
+    ("no_sender", "  - sender boost", hybrid(None, sender_boost=0.0)),
+    ("no_neighbour", "  - neighbour expansion", hybrid(None, neighbour=0.0)),
+    ("no_session", "  - session boost", hybrid(None, session_boost=0.0)),
+    ("min_cosine_0.1", "  min_cosine 0.1", hybrid(0.1)),
+    ("min_cosine_0.3", "  min_cosine 0.3", hybrid(0.3)),
+)
+"""Each ablation: its JSON key, its row's name, the search. Without ``min_cosine`` every row
+of the scope is ranked, so each signal's effect is measured on the whole ranking."""
+
+
+@dataclass
+class Run:
+    """What the LoCoMo part measured."""
+
+    plain: Score
+    lexical: Score
+    hybrid: Score
+    ablations: list[tuple[str, Score]]
+    load_s: float
+    embedded: int
+    embed_s: float
+    model: str
+
+
+def seed(
+    db: Database, convs: list[Conversation]
+) -> tuple[dict[str, ConversationKey], dict[int, str]]:
+    """Store every turn as a message; the conversations' keys, and each id's dia_id."""
+    ids: dict[int, str] = {}
+    keys: dict[str, ConversationKey] = {}
+    for conv in convs:
+        key = keys[conv.sample_id] = ConversationKey("bench", "locomo", conv.sample_id)
+        news = [NewMessage(key, "user", t.content, sender=t.speaker) for t in conv.turns]
+
+        def insert(
+            w: Writes, news: list[NewMessage] = news, turns: tuple[Turn, ...] = conv.turns
+        ) -> list[Message]:
+            return [
+                w.insert_message(n, created_at=t.created_at)
+                for n, t in zip(news, turns, strict=True)
+            ]
+
+        for m, t in zip(db.write(insert, label="bench seed"), conv.turns, strict=True):
+            ids[m.id] = t.dia
+    return keys, ids
+
+
+def run_fermix(convs: list[Conversation], workdir: Path) -> Run:
+    """The hybrid, fermix's full-text search and bm25 alone on one index; then ablations."""
+    home = Home(workdir)
+    db = Database(home.db_path)
+    raw = apsw.Connection(str(home.db_path))
+    try:
+        writer = Writer(db, PromptFiles(home, db))
+        keys, ids = seed(db, convs)
+        indexer = embedding.Indexer.from_config(db, writer, Config().embedding)
+        assert indexer is not None, "embedding is off in the default configuration"
+        start = time.perf_counter()
+        indexer.record()
+        load_s = time.perf_counter() - start
+        start = time.perf_counter()
+        embedded = indexer.catch_up()
+        embed_s = time.perf_counter() - start
+        embedding.register(db, indexer)
+        try:
+            plain = Score("fermix words, FTS5 bm25 alone, same index")
+            today = Score("fermix full-text: search_messages (before)")
+            shipped = Score("fermix hybrid: search_history (shipped)")
+            methods: list[tuple[Score, Method]] = [
+                (plain, lambda reads, text, key: plain_search(raw, text, key)),
+                (today, lexical),
+                (shipped, hybrid()),
+            ]
+            n = 0
+            for conv in convs:
+                key = keys[conv.sample_id]
+                for question in conv.questions:
+                    shift = n % len(methods)
+                    for score, method in methods[shift:] + methods[:shift]:
+                        t0 = time.perf_counter()
+                        with db.read() as reads:
+                            found = method(reads, question.text, key)
+                        elapsed = (time.perf_counter() - t0) * 1000
+                        score.add(conv.sample_id, question, [ids[i] for i in found], elapsed)
+                    n += 1
+            ablations = []
+            for name, label, method in ABLATIONS:
+                score = Score(label)
+                for conv in convs:
+                    key = keys[conv.sample_id]
+                    for question in conv.questions:
+                        t0 = time.perf_counter()
+                        with db.read() as reads:
+                            found = method(reads, question.text, key)
+                        elapsed = (time.perf_counter() - t0) * 1000
+                        score.add(conv.sample_id, question, [ids[i] for i in found], elapsed)
+                ablations.append((name, score))
+        finally:
+            embedding.unregister(db, indexer)
+    finally:
+        raw.close()
+        db.close()
+    return Run(plain, today, shipped, ablations, load_s, embedded, embed_s, indexer.embedder.name)
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def render(console: Console, scores: list[Score], convs: list[Conversation]) -> None:
+    """The recall table (tune, held out, all) and R@10 by category."""
+    asked = {c.sample_id for c in convs}
+    tune = [s for s in TUNE if s in asked]
+    held = [s for s in HELD if s in asked]
+    questions = sum(len(c.questions) for c in convs)
+    table = Table(
+        title=f"LoCoMo turn recall (%), {questions} questions, {len(convs)} conversations:"
+        f" tune = {', '.join(tune) or '—'}; held out = {', '.join(held) or '— (not asked)'}"
+    )
     table.add_column("method")
-    for k in KS:
-        table.add_column(f"R@{k}", justify="right")
+    for split in ("tune", "held out", "all"):
+        table.add_column(f"{split} R@5/10/20", justify="right")
     table.add_column("p50 ms", justify="right")
     table.add_column("p99 ms", justify="right")
     for s in scores:
         table.add_row(
             s.name,
-            *(f"{s.recall(k):.1f}" for k in KS),
+            *("/".join(_fmt(s.recall(k, split)) for k in KS) for split in (tune, held, None)),
             f"{s.percentile_ms(50):.2f}",
             f"{s.percentile_ms(99):.2f}",
         )
     console.print(table)
-    cats = Table(title="R@10 by category (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop)")
+    cats = Table(
+        title="turn R@10 (%) by category, all / held out: "
+        + ", ".join(f"{c} {CATEGORY_NAMES[c]}" for c in CATEGORIES)
+    )
     cats.add_column("method")
     for c in CATEGORIES:
-        cats.add_column(str(c), justify="right")
+        cats.add_column(f"{c} all", justify="right")
+    for c in CATEGORIES:
+        cats.add_column(f"{c} held", justify="right")
     for s in scores:
         cats.add_row(
             s.name,
-            *(f"{100 * statistics.fmean(s.by_category[c] or [0.0]):.1f}" for c in CATEGORIES),
+            *(_fmt(s.recall(10, None, c)) for c in CATEGORIES),
+            *(_fmt(s.recall(10, held, c)) for c in CATEGORIES),
         )
     console.print(cats)
 
 
-# ---------------------------------------------------------------------------------------
-# The synthetic scale case (issue 14, item 4)
-
-SCALE_MESSAGES = 1_000_000
-SCALE_QUICK_MESSAGES = 100_000
-SCALE_PER_CONVERSATION = 500
-SCALE_CONVERSATIONS_PER_OWNER = 5
-SCALE_SESSION = 25
-SCALE_QUESTIONS = 300
-SCALE_BATCH = 20_000
-SCALE_LAYOUT = 1  # bump when the builder below changes what it writes
-SCALE_AGENT, SCALE_CHANNEL = "bench", "scale"
-
-
-def cache_root() -> Path:
-    """Where built scale databases are kept: ``$XDG_CACHE_HOME/fermix-bench`` (or
-    ``~/.cache/fermix-bench``), outside the repository, so they are built once."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "fermix-bench"
-
-
-def scale_key(index: int) -> ConversationKey:
-    """The key of scale conversation ``index``."""
-    return ConversationKey(SCALE_AGENT, SCALE_CHANNEL, f"c{index:05d}")
-
-
-def scale_owner(index: int) -> str:
-    """The owner of scale conversation ``index``: five conversations per owner."""
-    return f"o{index // SCALE_CONVERSATIONS_PER_OWNER:05d}"
-
-
-def scale_path(data: Path, messages: int) -> Path:
-    """The cached database for ``messages`` messages of ``data``'s text.
-
-    Its name carries the schema version and a hash of what the file holds: schema.sql,
-    the data file, the scale parameters and :data:`SCALE_LAYOUT`. A change to any of them
-    names another file, which is built afresh.
-    """
-    digest = hashlib.sha256()
-    digest.update(resources.files("fermix").joinpath("schema.sql").read_bytes())
-    digest.update(data.read_bytes())
-    digest.update(
-        repr(
-            (messages, SCALE_PER_CONVERSATION, SCALE_CONVERSATIONS_PER_OWNER, SCALE_SESSION)
-        ).encode()
-        + repr(SCALE_LAYOUT).encode()
+def figures(run: Run, unicode: Score, porter: Score, scale: ScaleResult | None) -> dict[str, Any]:
+    """The JSON line's figures (the keys bench/run.py reads, and more)."""
+    shipped, today, plain = run.hybrid, run.lexical, run.plain
+    out: dict[str, Any] = {
+        "questions": shipped.count,
+        "turn_r5": shipped.recall(5),
+        "turn_r10": shipped.recall(10),
+        "turn_r20": shipped.recall(20),
+        "p50_ms": shipped.percentile_ms(50),
+        "p99_ms": shipped.percentile_ms(99),
+        "tune_r5": shipped.recall(5, TUNE),
+        "tune_r10": shipped.recall(10, TUNE),
+        "held_r5": shipped.recall(5, HELD),
+        "held_r10": shipped.recall(10, HELD),
+        "lexical_r5": today.recall(5),
+        "lexical_r10": today.recall(10),
+        "lexical_r20": today.recall(20),
+        "lexical_p50_ms": today.percentile_ms(50),
+        "lexical_p99_ms": today.percentile_ms(99),
+        "lexical_tune_r10": today.recall(10, TUNE),
+        "lexical_held_r10": today.recall(10, HELD),
+        "baseline_porter_r5": porter.recall(5),
+        "baseline_porter_r10": porter.recall(10),
+        "baseline_unicode_r5": unicode.recall(5),
+        "baseline_unicode_r10": unicode.recall(10),
+        "plain_fts5_r10": plain.recall(10),
+        "plain_fts5_p50_ms": plain.percentile_ms(50),
+        "plain_fts5_p99_ms": plain.percentile_ms(99),
+        "p50_ratio_vs_plain_fts5": round(
+            shipped.percentile_ms(50) / max(plain.percentile_ms(50), 0.01), 2
+        ),
+        "lexical_p50_ratio_vs_plain_fts5": round(
+            today.percentile_ms(50) / max(plain.percentile_ms(50), 0.01), 2
+        ),
+    }
+    for name, score in (
+        ("turn", shipped),
+        ("lexical", today),
+        ("plain_fts5", plain),
+        ("baseline_porter", porter),
+        ("baseline_unicode", unicode),
+    ):
+        for c in CATEGORIES:
+            out[f"{name}_r10_cat{c}"] = score.recall(10, None, c)
+    out["ablations_r10"] = {
+        name: {"tune": s.recall(10, TUNE), "held": s.recall(10, HELD), "all": s.recall(10)}
+        for name, s in run.ablations
+    }
+    out["embedding_model"] = run.model
+    out["embed_per_s"] = round(run.embedded / max(run.embed_s, 1e-9))
+    out["embedding_load_s"] = round(run.load_s, 2)
+    out["scale_messages"] = scale.messages if scale else 0
+    pairs = (
+        ("scale_conversation", "conversation"),
+        ("scale_owner", "owner"),
+        ("scale_lexical_conversation", "lexical_conversation"),
+        ("scale_lexical_owner", "lexical_owner"),
+        ("scale_memory_recall", "memory_recall"),
     )
-    name = f"scale-{messages}-v{migrations.latest_version()}-{digest.hexdigest()[:16]}.db"
-    return cache_root() / name
-
-
-def scale_order(conversations: int, sessions: int) -> list[int]:
-    """The order conversations write their sessions in: shuffled with a fixed seed, each
-    conversation's own sessions in turn, so conversations interleave in the rowid space
-    as they do in a shared database (each session a short run of consecutive rows)."""
-    order = [c for c in range(conversations) for _ in range(sessions)]
-    random.Random(14).shuffle(order)
-    return order
-
-
-def build_scale(convs: list[Conversation], messages: int, path: Path, console: Console) -> None:
-    """Write ``messages`` messages of recycled LoCoMo turns into a new database at ``path``.
-
-    ``messages // 500`` conversations of 500 messages, five per owner, one agent. The
-    turns are taken in order, conversation ``c`` starting at turn ``500 c`` (modulo the
-    number of turns), so each conversation reads as a stretch of real dialogue. Sessions
-    of 25 messages interleave across conversations (:func:`scale_order`). Rows are written
-    by fermix's own storage (:func:`fermix.storage.open_database`, the message insert of
-    :mod:`fermix.storage.messages`, conversation rows by :mod:`~fermix.storage.conversations`)
-    in transactions of :data:`SCALE_BATCH` messages, into a temporary file renamed into
-    place once complete.
-    """
-    from fermix.storage import conversations as conversation_rows
-    from fermix.storage import messages as message_rows
-
-    turns = [content for conv in convs for _, content in conv.turns]
-    count = messages // SCALE_PER_CONVERSATION
-    sessions = SCALE_PER_CONVERSATION // SCALE_SESSION
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".building")
-    for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-        leftover.unlink(missing_ok=True)
-    conn = open_database(tmp)
-    written = [0] * count
-    start = time.perf_counter()
-    try:
-        with transaction(conn):
-            for c in range(count):
-                conversation_rows.touch(
-                    conn, scale_key(c), owner_id=scale_owner(c), trust="operator"
-                )
-        pending = 0
-        conn.execute("BEGIN IMMEDIATE")
-        for n, c in enumerate(scale_order(count, sessions)):
-            key, owner = scale_key(c), scale_owner(c)
-            for _ in range(SCALE_SESSION):
-                i = written[c]
-                text = turns[(c * SCALE_PER_CONVERSATION + i) % len(turns)]
-                new = NewMessage(
-                    key,
-                    "user" if i % 2 == 0 else "assistant",
-                    text,
-                    owner_id=owner,
-                    trust="operator",
-                )
-                message_rows.insert(conn, new, created_at=1_700_000_000_000 + n * 1000 + i)
-                written[c] += 1
-                pending += 1
-            if pending >= SCALE_BATCH:
-                conn.execute("COMMIT")
-                conn.execute("BEGIN IMMEDIATE")
-                pending = 0
-                done = sum(written)
-                console.print(
-                    f"  built {done:,} of {messages:,} messages"
-                    f" ({time.perf_counter() - start:.0f} s)",
-                    highlight=False,
-                )
-        conn.execute("COMMIT")
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        conn.close()
-    tmp.replace(path)
-
-
-@dataclass
-class ScaleResult:
-    """Query times of the scale case, and the database's footprint."""
-
-    messages: int
-    conversation: Score
-    owner: Score
-    memory_recall: Score
-    bytes_per_message: float
-    fts_bytes_per_message: float
-    build_s: float | None
-
-
-def footprint(path: Path, messages: int) -> tuple[float, float]:
-    """Bytes per message of the whole file, and of the message FTS index's tables."""
-    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
-
-    def value(sql: str) -> int:
-        return int(conn.execute(sql).fetchall()[0][0])  # type: ignore[arg-type]
-
-    try:
-        page = value("PRAGMA page_size")
-        size = (value("PRAGMA page_count") - value("PRAGMA freelist_count")) * page
-        fts_bytes = value(
-            "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name LIKE 'messages_fts%'"
+    for key, attr in pairs:
+        for q in (50, 99):
+            out[f"{key}_p{q}_ms"] = getattr(scale, attr).percentile_ms(q) if scale else None
+        out[f"{key}_cpu_p99_ms"] = (
+            getattr(scale, attr).percentile_ms(99, cpu=True) if scale else None
         )
-    finally:
-        conn.close()
-    return round(size / messages, 1), round(fts_bytes / messages, 1)
-
-
-def run_scale(
-    convs: list[Conversation], data: Path, messages: int, console: Console
-) -> ScaleResult:
-    """Build (once) and time the scale case.
-
-    :data:`SCALE_QUESTIONS` LoCoMo questions (a fixed sample), each asked in one
-    conversation drawn with a fixed seed: ``search_messages(question, key=...)`` (one
-    conversation, 500 messages), ``search_messages(question, agent_id=..., owner_id=...)``
-    (the owner's five conversations, 2,500 messages) and ``memory_recall`` of
-    ``source=history, scope=owner`` for that conversation's caller, as a tool call runs
-    it (:func:`fermix.runtime.recall.recall`). The three alternate in a rotating order,
-    after a warm-up that is not counted.
-    """
-    from fermix.core.tool_calls import Recall
-    from fermix.runtime import recall as recall_tool
-
-    path = scale_path(data, messages)
-    build_s = None
-    if not path.exists():
-        console.print(f"building the scale database ({messages:,} messages) in {path.parent}")
-        start = time.perf_counter()
-        build_scale(convs, messages, path, console)
-        build_s = round(time.perf_counter() - start, 1)
-    per_message, fts_per_message = footprint(path, messages)
-    count = messages // SCALE_PER_CONVERSATION
-    questions = [q.text for conv in convs for q in conv.questions]
-    rng = random.Random(4)
-    asked = rng.sample(questions, min(SCALE_QUESTIONS, len(questions)))
-    targets = [rng.randrange(count) for _ in asked]
-    conversation = Score.named("one conversation (500 messages)")
-    owner = Score.named("owner scope (5 conversations)")
-    tool = Score.named("memory_recall, history, owner scope")
-    db = Database(path)
-    try:
-
-        def ask(which: Score, text: str, c: int) -> None:
-            key, owner_id = scale_key(c), scale_owner(c)
-            start = time.perf_counter()
-            if which is tool:
-                call = Recall(query=text, key=None, scope="owner", source="history")
-                recall_tool.recall(db, recall_tool.ConversationCaller(key, owner_id), call)
-            else:
-                with db.read() as reads:
-                    if which is conversation:
-                        reads.search_messages(text, key=key, limit=LIMIT)
-                    else:
-                        reads.search_messages(
-                            text, agent_id=SCALE_AGENT, owner_id=owner_id, limit=LIMIT
-                        )
-            which.times_ms.append((time.perf_counter() - start) * 1000)
-
-        for text, c in zip(asked[:20], targets[:20], strict=True):  # warm-up
-            for which in (conversation, owner, tool):
-                ask(which, text, c)
-        for which in (conversation, owner, tool):
-            which.times_ms.clear()
-        order = (conversation, owner, tool)
-        for n, (text, c) in enumerate(zip(asked, targets, strict=True)):
-            for which in order[n % 3 :] + order[: n % 3]:
-                ask(which, text, c)
-    finally:
-        db.close()
-    return ScaleResult(messages, conversation, owner, tool, per_message, fts_per_message, build_s)
-
-
-def render_scale(console: Console, scale: ScaleResult) -> None:
-    """The scale case's query times and footprint."""
-    table = Table(
-        title=f"scale: {scale.messages:,} messages, {scale.messages // SCALE_PER_CONVERSATION:,}"
-        f" conversations of {SCALE_PER_CONVERSATION}, {SCALE_CONVERSATIONS_PER_OWNER} per owner"
-        f" ({len(scale.conversation.times_ms)} questions)"
-    )
-    table.add_column("search")
-    table.add_column("p50 ms", justify="right")
-    table.add_column("p99 ms", justify="right")
-    for s in (scale.conversation, scale.owner, scale.memory_recall):
-        table.add_row(s.name, f"{s.percentile_ms(50):.2f}", f"{s.percentile_ms(99):.2f}")
-    console.print(table)
-    built = "" if scale.build_s is None else f", built in {scale.build_s} s"
-    console.print(
-        f"database: {scale.bytes_per_message} bytes per message, of which the FTS index"
-        f" {scale.fts_bytes_per_message}{built}",
-        highlight=False,
-    )
+    out["scale_bytes_per_message"] = scale.after.total if scale else None
+    out["scale_bytes_per_message_before"] = scale.before.total if scale else None
+    out["scale_fts_bytes_per_message"] = scale.after.fts if scale else None
+    out["scale_vector_bytes_per_message"] = scale.after.vectors if scale else None
+    out["scale_embed_per_s"] = scale.embed_per_s if scale else None
+    out["scale_load_average"] = list(scale.load) if scale else None
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the table, then the JSON line."""
+    """Run the benchmark and print the tables, then the JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="locomo-dev.json")
     parser.add_argument(
@@ -570,52 +408,30 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data.is_file():
         print(f"no data at {args.data} (see shared/data/README.md)", file=sys.stderr)
         return 2
-    console = Console()
+    console = Console(width=200)
     convs = load(args.data, quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="fermix-recall-") as tmp:
-        fermix, plain = run_fermix(convs, Path(tmp))
-    unicode = run_baseline(convs, "baseline: words OR-ed, unicode61", "unicode61", words_query)
-    porter = run_baseline(
+        run = run_fermix(convs, Path(tmp))
+    unicode, porter = readme_baselines(convs)
+    render(
+        console,
+        [unicode, porter, run.plain, run.lexical, run.hybrid, *(s for _, s in run.ablations)],
         convs,
-        "baseline: minus stopwords, porter",
-        "porter unicode61",
-        lambda text: words_query(text, BASELINE_STOPWORDS),
     )
-    scores = [unicode, porter, plain, fermix]
-    render(console, scores, fermix.count, len(convs))
+    console.print(
+        f"embedding ({run.model}): model loaded and recorded in {run.load_s:.2f} s;"
+        f" {run.embedded} turns in {run.embed_s:.2f} s"
+        f" ({run.embedded / max(run.embed_s, 1e-9):,.0f}/s, batches of 32, through the writer)",
+        highlight=False,
+    )
     scale_messages = args.scale
     if scale_messages is None:
         scale_messages = SCALE_QUICK_MESSAGES if args.quick else SCALE_MESSAGES
     scale = None
     if scale_messages > 0:
-        scale = run_scale(load(args.data, quick=False), args.data, scale_messages, console)
+        scale = run_scale(load(args.data), args.data, scale_messages, console)
         render_scale(console, scale)
-    result = {
-        "questions": fermix.count,
-        "turn_r5": fermix.recall(5),
-        "turn_r10": fermix.recall(10),
-        "turn_r20": fermix.recall(20),
-        "p50_ms": fermix.percentile_ms(50),
-        "p99_ms": fermix.percentile_ms(99),
-        "baseline_porter_r10": porter.recall(10),
-        "baseline_unicode_r10": unicode.recall(10),
-        "plain_fts5_r10": plain.recall(10),
-        "plain_fts5_p50_ms": plain.percentile_ms(50),
-        "plain_fts5_p99_ms": plain.percentile_ms(99),
-        "p50_ratio_vs_plain_fts5": round(
-            fermix.percentile_ms(50) / max(plain.percentile_ms(50), 0.01), 2
-        ),
-        "scale_messages": scale.messages if scale else 0,
-        "scale_conversation_p50_ms": scale.conversation.percentile_ms(50) if scale else None,
-        "scale_conversation_p99_ms": scale.conversation.percentile_ms(99) if scale else None,
-        "scale_owner_p50_ms": scale.owner.percentile_ms(50) if scale else None,
-        "scale_owner_p99_ms": scale.owner.percentile_ms(99) if scale else None,
-        "scale_memory_recall_p50_ms": scale.memory_recall.percentile_ms(50) if scale else None,
-        "scale_memory_recall_p99_ms": scale.memory_recall.percentile_ms(99) if scale else None,
-        "scale_bytes_per_message": scale.bytes_per_message if scale else None,
-        "scale_fts_bytes_per_message": scale.fts_bytes_per_message if scale else None,
-    }
-    print(json.dumps(result))
+    print(json.dumps(figures(run, unicode, porter, scale)))
     return 0
 
 

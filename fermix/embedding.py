@@ -9,7 +9,7 @@ An :class:`Embedder` turns texts into unit vectors. Two exist:
   in the scope the text belongs to, ``a / (a + p(t))`` with ``p(t)`` the token's share of
   all the scope's tokens (:class:`TokenCounts`), then L2-normalised. Plain mean pooling
   is dominated by names and common words and made fused recall worse on LoCoMo; the
-  weighting is what makes it useful (bench/recall_hybrid.py). The table and the
+  weighting is what makes it useful (bench/recall.py). The table and the
   tokenizer are read from the wheel's files (:func:`_wordllama`), without importing the
   ``wordllama`` package, which configures the host's logging on import.
 - :class:`LiteLLMEmbedder`: any embedding model litellm reaches (OpenAI, Ollama, an
