@@ -13,7 +13,11 @@ litellm sends ``openai/llama3`` as ``llama3``): a request takes the first step m
 model (or for any model), so a fallback test does not depend on which request comes first.
 When no step is left the server answers with :attr:`ModelServer.default`.
 
-Only ``POST /v1/chat/completions`` is served (anything else is a 404), and only with
+``POST /v1/embeddings`` answers every input with a deterministic vector of
+:data:`EMBEDDING_DIM` floats (hashed character trigrams: texts that share words get close
+vectors), recorded in :attr:`ModelServer.embedding_requests`.
+
+Besides that, only ``POST /v1/chat/completions`` is served (anything else is a 404), and only with
 ``stream`` false or absent: a streaming request gets a 400, because no caller of fermix
 streams a buffered call. litellm's ``metadata`` never goes over HTTP, so it is not in
 :attr:`ModelServer.requests`; everything the OpenAI client sends (model, messages, tools,
@@ -137,6 +141,8 @@ class ModelServer:
     """Every request body received, in arrival order."""
     headers: list[dict[str, str]] = field(default_factory=list, init=False)
     """The headers of each request in :attr:`requests`, in the same order."""
+    embedding_requests: list[dict[str, Any]] = field(default_factory=list, init=False)
+    """Every ``/v1/embeddings`` request body received, in arrival order."""
 
     def __post_init__(self) -> None:
         self._script: list[Step] = []
@@ -276,6 +282,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
+        if self.path.rstrip("/") == "/v1/embeddings":
+            self._embeddings(raw)
+            return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send(404, _error(404, f"no route POST {self.path}"))
             return
@@ -297,6 +306,21 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(200, _completion(step, body))
 
+    def _embeddings(self, raw: bytes) -> None:
+        body = json.loads(raw or b"{}")
+        self.server.model_server.embedding_requests.append(body)
+        texts = body.get("input", [])
+        texts = [texts] if isinstance(texts, str) else texts
+        data = [
+            {"object": "embedding", "index": i, "embedding": _hashed_vector(str(text))}
+            for i, text in enumerate(texts)
+        ]
+        usage = {"prompt_tokens": sum(len(str(t).split()) for t in texts), "total_tokens": 0}
+        self._send(
+            200,
+            {"object": "list", "data": data, "model": body.get("model", ""), "usage": usage},
+        )
+
     def _send(self, status: int, payload: Any) -> None:
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
         self.send_response(status)
@@ -304,6 +328,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+EMBEDDING_DIM = 16
+
+
+def _hashed_vector(text: str) -> list[float]:
+    """Character trigrams of ``text`` hashed into :data:`EMBEDDING_DIM` buckets (stable
+    across runs: no Python ``hash``)."""
+    vector = [0.0] * EMBEDDING_DIM
+    padded = f"  {text.lower()}  "
+    for i in range(len(padded) - 2):
+        gram = padded[i : i + 3].encode("utf-8", "surrogatepass")
+        vector[int.from_bytes(gram, "little") % EMBEDDING_DIM] += 1.0
+    return vector
 
 
 def step_from_dict(spec: dict[str, Any]) -> Step:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
-import types
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from model_server import EMBEDDING_DIM, ModelServer
 
 from fermix import embedding
 from fermix.config import Config, EmbeddingConfig, parse_config
@@ -191,42 +191,35 @@ def test_q1_the_config_section_picks_the_model(tmp_path: Path) -> None:
 
 
 def test_q1_a_litellm_model_is_called_through_litellm_embedding(
-    monkeypatch: pytest.MonkeyPatch,
+    model_server: ModelServer,
 ) -> None:
-    calls: list[dict[str, Any]] = []
-
-    def fake_embedding(**kwargs: Any) -> Any:
-        calls.append(kwargs)
-        data = [
-            {"index": i, "embedding": [float(i + 1), 0.0, 1.0]} for i in range(len(kwargs["input"]))
-        ]
-        return types.SimpleNamespace(data=list(reversed(data)))
-
-    monkeypatch.setitem(sys.modules, "litellm", types.SimpleNamespace(embedding=fake_embedding))
+    """A litellm embedding model, reached over real HTTP on loopback (Q1): vectors in the
+    order of the texts, unit length, the route's key and base sent."""
     e = LiteLLMEmbedder(
-        "ollama/nomic-embed-text",
-        api_base="http://localhost:11434",
+        "openai/text-embedding-3-small",
+        api_base=model_server.url,
         api_key_env="K",
-        environ={"K": "s"},
+        environ={"K": "sk-test"},
     )
-    vectors = e.embed(["one", "two"])
-    assert vectors.shape == (2, 3) and e.dimension() == 3
+    vectors = e.embed(["my sister's wedding", "my sister's wedding in June", "tax forms"])
+    assert vectors.shape == (3, EMBEDDING_DIM) and e.dimension() == EMBEDDING_DIM
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
-    assert vectors[0] @ vectors[1] < 0.99  # in input order, not the response's
-    assert calls[0]["model"] == "ollama/nomic-embed-text"
-    assert calls[0]["api_base"] == "http://localhost:11434" and calls[0]["api_key"] == "s"
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]  # in input order
+    request = model_server.embedding_requests[0]
+    assert request["model"] == "text-embedding-3-small"
+    assert request["input"][0] == "my sister's wedding"
     assert not e.counts_tokens and e.tokens(["x"]) == [[]]
 
 
-def test_q1_a_litellm_model_without_its_key_or_failing_is_an_embedding_error(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    def failing(**kwargs: Any) -> Any:
-        raise RuntimeError("connection refused")
-
-    monkeypatch.setitem(sys.modules, "litellm", types.SimpleNamespace(embedding=failing))
+def test_q1_a_litellm_model_without_its_key_or_failing_is_an_embedding_error() -> None:
     with pytest.raises(EmbeddingError, match="holds no API key"):
         LiteLLMEmbedder("openai/x", api_key_env="NOT_SET", environ={}).embed(["a"])
-    with pytest.raises(EmbeddingError, match="connection refused"):
-        LiteLLMEmbedder("openai/x").embed(["a"])
+    with socket.socket() as closed:  # a loopback port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    refused = LiteLLMEmbedder(
+        "openai/x", api_base=f"http://127.0.0.1:{port}/v1", api_key_env="K", environ={"K": "k"}
+    )
+    with pytest.raises(EmbeddingError, match="openai/x"):
+        refused.embed(["a"])
     assert Config().embedding.model == embedding.WORDLLAMA
