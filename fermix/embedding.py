@@ -111,13 +111,16 @@ def to_blob(vector: NDArray[np.int8]) -> bytes:
 
 def from_blobs(blobs: Sequence[bytes | None], dim: int) -> tuple[Vectors, NDArray[np.bool_]]:
     """Stored int8 vectors as float rows (zeros where a row has none or one of another
-    length), and which rows had one."""
-    out = np.zeros((len(blobs), dim), dtype=np.float32)
-    present = np.zeros(len(blobs), dtype=bool)
-    for i, blob in enumerate(blobs):
-        if blob is not None and len(blob) == dim:
-            out[i] = np.frombuffer(blob, dtype=np.int8)
-            present[i] = True
+    length), and which rows had one.
+
+    The vectors are joined and read by one :func:`numpy.frombuffer`, not one call per row: a
+    search reads thousands of them."""
+    n = len(blobs)
+    present = np.fromiter((b is not None and len(b) == dim for b in blobs), bool, n)
+    out = np.zeros((n, dim), dtype=np.float32)
+    if dim and present.any():
+        joined = b"".join([b for b in blobs if b is not None and len(b) == dim])
+        out[present] = np.frombuffer(joined, dtype=np.int8).reshape(-1, dim)
     out /= 127.0
     return out, present
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -11,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from factories import StartMemory
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fermix import Memory
 from fermix.cli import main
@@ -23,7 +26,8 @@ from fermix.model import ConversationKey, NewMessage
 from fermix.runtime import embedding, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database
+from fermix.storage import Database, messages, open_database, transaction
+from fermix.storage.vectors import StoredVector, scope_vectors, store_message_vectors
 
 FILLER = [
     "I bought a new bike yesterday",
@@ -303,3 +307,60 @@ def test_q3_memory_rows_fuse_full_text_rank_and_cosine() -> None:
     present = np.array([True, True, False])
     fused = fusion.fuse_rows(np.array([0, 1], np.float32), vectors, present, [2, 0], min_cosine=0.5)
     assert [i for i, _ in fused] == [2, 1, 0]
+
+
+# -- the scope's rows, as columns ----------------------------------------------------------
+
+PARTS = st.sampled_from(["a", "b", "B", "é", "z\u00e9", "\u4e2d", "\U0001f600", "a b"])
+
+
+@given(
+    rows=st.lists(
+        st.tuples(
+            PARTS, PARTS, st.sampled_from(["", "t", "\u00fc"]), st.integers(0, 5), st.booleans()
+        ),
+        max_size=40,
+    )
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_q4_scope_rows_come_by_conversation_time_and_id_as_python_sorts_them(
+    rows: list[tuple[str, str, str, int, bool]],
+) -> None:
+    """SQLite's order (binary collation) and the conversations found from consecutive rows
+    are those of a sort in Python of every row of the scope."""
+    with tempfile.TemporaryDirectory(prefix="fermix-scope-") as tmp:
+        conn = open_database(Path(tmp) / "m.db")
+        try:
+            with transaction(conn):
+                stored = []
+                for channel, chat, thread, minute, has_vector in rows:
+                    key = ConversationKey("agent", channel, chat, thread)
+                    new = NewMessage(key, "user", "hello", owner_id="ann", trust="guest")
+                    message = messages.insert(conn, new, created_at=minute * 60_000)
+                    blob = bytes([message.id % 256]) * 4 if has_vector else None
+                    if blob is not None:
+                        store_message_vectors(conn, [StoredVector(message.id, "s", blob)])
+                    stored.append((key.as_tuple(), message.created_at, message.id, blob))
+            stored.sort()
+            keys = {k for k, *_ in stored}
+            scopes = [{"agent_id": "agent", "owner_id": "ann"}]
+            scopes += [{"key": ConversationKey(*k)} for k in sorted(keys)]
+            for scope in scopes:
+                got = scope_vectors(conn, **scope)  # type: ignore[arg-type]
+                assert got is not None
+                want = [r for r in stored if "key" not in scope or r[0] == scope["key"].as_tuple()]  # type: ignore[union-attr]
+                assert list(got.ids) == [i for _, _, i, _ in want]
+                assert list(got.created_at) == [t for _, t, _, _ in want]
+                assert list(got.vectors) == [b for *_, b in want]
+                assert list(got.senders) == [""] * len(want)
+                conversations = list(dict.fromkeys(k for k, *_ in want))
+                assert list(got.conversations) == conversations
+                assert list(got.starts) == [
+                    next(i for i, r in enumerate(want) if r[0] == k) for k in conversations
+                ]
+                assert len(got) == len(want)
+            assert (
+                scope_vectors(conn, agent_id="agent", owner_id="ann", limit=len(rows) - 1) is None
+            )
+        finally:
+            conn.close()

@@ -143,6 +143,10 @@ def _check_all_scopes(conn: apsw.Connection, query: str, limit: int) -> None:
         want = reference(conn, query, limit=limit, **scope)  # type: ignore[arg-type]
         assert [i for i, _ in got] == [i for i, _ in want], scope
         assert [r for _, r in got] == pytest.approx([r for _, r in want]), scope
+        # The ids and ranks of the best `limit` without their rows: those of the same search.
+        few = messages.search(conn, query, limit=2, ranked=limit, **scope)  # type: ignore[arg-type]
+        assert list(zip(few.ids, few.ranks, strict=True)) == got, scope
+        assert [(h.message.id, h.rank) for h in few] == got[:2], scope
 
 
 @given(rows=st.lists(MESSAGE, max_size=40), queries=st.lists(QUERY, min_size=1, max_size=3))

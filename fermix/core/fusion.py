@@ -24,6 +24,7 @@ on 4-5 (bench/recall.py: turn R@10 62.9 for full-text alone, 78.2 fused; 76.2 he
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,10 +56,12 @@ DEFAULT = Weights()
 class History:
     """The rows of one searched scope, by conversation then time.
 
-    ``vectors`` has one unit (or zero) row per message, ``present`` says which had one.
+    ``groups`` tells the conversations apart: any value per row, equal within one
+    conversation (or a number per row). ``vectors`` has one unit (or zero) row per message,
+    ``present`` says which had one.
     """
 
-    groups: Sequence[Hashable]
+    groups: Sequence[Hashable] | NDArray[np.int64]
     senders: Sequence[str]
     created_at: Sequence[int]
     vectors: NDArray[np.float32]
@@ -69,15 +72,19 @@ class History:
 
 
 def sessions(
-    groups: Sequence[Hashable], created_at: Sequence[int], gap_ms: int
+    groups: Sequence[Hashable] | NDArray[np.int64], created_at: Sequence[int], gap_ms: int
 ) -> NDArray[np.int64]:
     """A session number per row: a new one at each conversation change or time gap."""
-    out = np.zeros(len(created_at), dtype=np.int64)
-    current = 0
-    for i in range(1, len(created_at)):
-        if groups[i] != groups[i - 1] or created_at[i] - created_at[i - 1] > gap_ms:
-            current += 1
-        out[i] = current
+    n = len(created_at)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if isinstance(groups, np.ndarray):
+        changed = groups[1:] != groups[:-1]
+    else:
+        changed = np.fromiter(map(operator.ne, groups[1:], groups[:-1]), bool, n - 1)
+    changed |= np.diff(np.asarray(created_at, dtype=np.int64)) > gap_ms
+    out = np.zeros(n, dtype=np.int64)
+    np.cumsum(changed, out=out[1:])
     return out
 
 
@@ -85,7 +92,8 @@ def named_senders(question: str, senders: Sequence[str]) -> set[str]:
     """The senders a question names (whole name or first name, any case); none when it
     names every sender of the scope, as then it tells them apart from nothing."""
     words = {w.lower() for w in _WORD.findall(question)}
-    distinct = {s for s in senders if s}
+    distinct = set(senders)
+    distinct.discard("")
     named = {s for s in distinct if s.lower() in words or s.split()[0].lower() in words}
     return named if len(named) < len(distinct) else set()
 
@@ -124,9 +132,9 @@ def lexical_scores(n: int, lexical: Mapping[int, float]) -> Floats:
     """Full-text scores (higher is better) per row, over the best one; 0 for the others."""
     out = np.zeros(n, dtype=np.float64)
     if lexical:
-        top = max(lexical.values()) or 1.0
-        for i, score in lexical.items():
-            out[i] = score / top
+        scores = np.fromiter(lexical.values(), np.float64, len(lexical))
+        top = float(scores.max()) or 1.0
+        out[np.fromiter(lexical.keys(), np.int64, len(lexical))] = scores / top
     return out
 
 
@@ -138,23 +146,29 @@ def fuse_history(
     weights: Weights = DEFAULT,
     *,
     min_cosine: float | None = None,
+    limit: int | None = None,
 ) -> list[tuple[int, float]]:
-    """Every row of ``history`` as (row index, fused score), best first (ties by index).
+    """History rows as (row index, fused score), best first (ties by row index), the first
+    ``limit`` only when given.
 
     ``query`` is the question's unit vector (None: full-text and the boosts only);
     ``lexical`` maps the row index of each full-text hit to its score, higher better.
     With ``min_cosine``, a row full-text search did not find is left out unless its
     vector (with its neighbours') is at least that close to the question.
+
+    Every step is an array operation over the scope; a Python object is made only for the
+    rows returned.
     """
     n = len(history)
     if n == 0:
         return []
     sess = sessions(history.groups, history.created_at, weights.session_gap_ms)
-    same_prev = np.r_[False, sess[1:] == sess[:-1]]
-    same_next = np.r_[sess[1:] == sess[:-1], False]
+    same = sess[1:] == sess[:-1]
+    same_prev = np.r_[False, same]
+    same_next = np.r_[same, False]
     fused = weights.alpha * lexical_scores(n, lexical)
     kept = np.zeros(n, dtype=bool)
-    kept[list(lexical)] = True
+    kept[np.fromiter(lexical.keys(), np.int64, len(lexical))] = True
     if query is not None and history.present.any():
         mixed = context_vectors(history.vectors, same_prev, same_next, weights.context)
         cosine = cosines(query, mixed)
@@ -163,23 +177,23 @@ def fuse_history(
     named = named_senders(question, history.senders)
     if named and weights.sender_boost:
         fused = fused + weights.sender_boost * np.fromiter(
-            (s in named for s in history.senders), np.float64, n
-        )
+            map(named.__contains__, history.senders), bool, n
+        ).astype(np.float64)
     if weights.neighbour:
         prev = np.where(same_prev, np.r_[0.0, fused[:-1]], 0.0)
         nxt = np.where(same_next, np.r_[fused[1:], 0.0], 0.0)
         fused = fused + weights.neighbour * np.maximum(prev, nxt)
     if weights.session_boost and weights.session_top > 0:
-        best: dict[int, float] = {}
-        for i in np.argsort(-fused, kind="stable")[: weights.session_top]:
-            best[int(sess[i])] = max(best.get(int(sess[i]), 0.0), float(fused[i]))
-        fused = fused + weights.session_boost * np.fromiter(
-            (best.get(int(s), 0.0) for s in sess), np.float64, n
-        )
+        top = np.argsort(-fused, kind="stable")[: weights.session_top]
+        best = np.zeros(int(sess[-1]) + 1, dtype=np.float64)
+        np.maximum.at(best, sess[top], fused[top])
+        fused = fused + weights.session_boost * best[sess]
     order = np.argsort(-fused, kind="stable")
-    if min_cosine is None:
-        return [(int(i), float(fused[i])) for i in order]
-    return [(int(i), float(fused[i])) for i in order if kept[i]]
+    if min_cosine is not None:
+        order = order[kept[order]]
+    if limit is not None:
+        order = order[: max(limit, 0)]
+    return list(zip(order.tolist(), fused[order].tolist(), strict=True))
 
 
 def fuse_rows(

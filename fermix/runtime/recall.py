@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fermix import validate
 from fermix.core import categories, fusion, tool_calls
 from fermix.core.tool_calls import Recall, Store, ToolCall, ToolError
@@ -191,31 +193,32 @@ def search_history(
     indexer = embedding.active(reads)
     if indexer is None or limit <= 0:
         return reads.search_messages(text, **scope, limit=limit)
-    lexical = reads.search_messages(text, **scope, limit=max(CANDIDATES, limit))
+    # The best `limit` full-text hits whole, the ids and ranks of all the candidates.
+    lexical = reads.search_messages(text, **scope, limit=limit, ranked=max(CANDIDATES, limit))
     rows = reads.scope_vectors(**scope)
-    if not rows or all(row.vector is None for row in rows):
-        return lexical[:limit]
-    conversations = {row.conversation for row in rows}
+    if not rows or all(vector is None for vector in rows.vectors):
+        return list(lexical)
     query = indexer.query(
-        reads, text, [conversation_scope(ConversationKey(*c)) for c in conversations]
+        reads, text, [conversation_scope(ConversationKey(*c)) for c in rows.conversations]
     )
     if query is None:
-        return lexical[:limit]
-    index = {row.id: i for i, row in enumerate(rows)}
-    vectors, present = from_blobs([row.vector for row in rows], len(query))
-    history = fusion.History(
-        [row.conversation for row in rows],
-        [row.sender for row in rows],
-        [row.created_at for row in rows],
-        vectors,
-        present,
+        return list(lexical)
+    vectors, present = from_blobs(rows.vectors, len(query))
+    # Each row's conversation as its number in the scope (rows come by conversation).
+    sizes = np.diff([*rows.starts, len(rows)])
+    groups = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+    history = fusion.History(groups, rows.senders, rows.created_at, vectors, present)
+    index = dict(zip(rows.ids, range(len(rows)), strict=True))
+    scores = {
+        index[i]: -rank for i, rank in zip(lexical.ids, lexical.ranks, strict=True) if i in index
+    }
+    fused = fusion.fuse_history(
+        text, query, history, scores, weights, min_cosine=min_cosine, limit=limit
     )
-    scores = {index[h.message.id]: -h.rank for h in lexical if h.message.id in index}
-    fused = fusion.fuse_history(text, query, history, scores, weights, min_cosine=min_cosine)
     found = {hit.message.id: hit.message for hit in lexical}
     hits = []
-    for i, score in fused[:limit]:
-        message = found.get(rows[i].id) or reads.message(rows[i].id)
+    for i, score in fused:
+        message = found.get(rows.ids[i]) or reads.message(rows.ids[i])
         if message is not None:  # deleted since: left out
             hits.append(SearchHit(message, -score))
     return hits

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,6 +234,24 @@ MAX_SCOPED_MATCHES = 5_000
 """The most matching rows a search re-orders itself; a scope with more asks FTS5's bm25."""
 
 
+class SearchHits(list[SearchHit]):
+    """The hits of :func:`search`, best first, and the ``ids`` and ``ranks`` of its best
+    candidates, as many as it was asked to rank (the hits are their first ones, whole).
+
+    A hybrid search fuses hundreds of full-text candidates and returns a few: it needs the
+    candidates' ids and ranks, and whole messages for only the few it returns.
+    """
+
+    __slots__ = ("ids", "ranks")
+
+    def __init__(
+        self, hits: Sequence[SearchHit] = (), ids: Sequence[int] = (), ranks: Sequence[float] = ()
+    ) -> None:
+        super().__init__(hits)
+        self.ids = ids
+        self.ranks = ranks
+
+
 def search(
     conn: apsw.Connection,
     text: str,
@@ -241,7 +260,8 @@ def search(
     key: ConversationKey | None = None,
     owner_id: str | None = None,
     limit: int = 10,
-) -> list[SearchHit]:
+    ranked: int = 0,
+) -> SearchHits:
     """Messages matching any text, best first; filters narrow to an agent, owner or key.
 
     ``text`` is whatever a user or model typed: it goes through :func:`fts.build_query`, so
@@ -255,10 +275,14 @@ def search(
     When more than :data:`MAX_SCOPED_MATCHES` rows match (a very large scope, or a search
     of an agent or the whole table with a common word), the candidates are the best by
     FTS5's own ``bm25()`` instead, whose statistics are the table's.
+
+    The best ``limit`` are returned whole; with ``ranked``, the ids and ranks of the best
+    ``ranked`` too (:class:`SearchHits`), the same as the hits of a search with that
+    limit, without reading their rows.
     """
     words = fts.build_query(text)
     if words is None or limit <= 0:
-        return []
+        return SearchHits()
     scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
     select = (
         "SELECT m.id, m.content FROM messages_fts JOIN messages AS m"
@@ -266,13 +290,13 @@ def search(
         f" WHERE messages_fts MATCH ? AND {scope.clause()}"
     )
     match = scope.match(words)
-    candidates = max(fts.CANDIDATES, limit)
+    candidates = max(fts.CANDIDATES, limit, ranked)
     found: list[tuple[Any, ...]] = conn.execute(
         f"{select} ORDER BY messages_fts.rowid LIMIT ?",
         (match, *scope.params, MAX_SCOPED_MATCHES + 1),
     ).fetchall()
     if not found:
-        return []
+        return SearchHits()
     if len(found) > MAX_SCOPED_MATCHES:
         found = conn.execute(
             f"{select} ORDER BY bm25(messages_fts, 1.0, 0.0) LIMIT ?",
@@ -290,13 +314,18 @@ def search(
         tokenize=tokenize,
         tokens=[tokens[i] for i in chosen],
     )
-    best = sorted(range(len(found)), key=lambda i: -scores[i])[:limit]
+    order = sorted(range(len(found)), key=lambda i: -scores[i])
+    best = order[:limit]
     ids = json.dumps([found[i][0] for i in best])
     sql = f"SELECT {_COLUMNS} FROM messages WHERE id IN (SELECT value FROM json_each(?))"
     rows = conn.execute(sql, (ids,))
     by_id = {message.id: message for message in map(_row, rows)}
     # A row deleted since the match is left out rather than failing the search.
-    return [SearchHit(by_id[found[i][0]], -scores[i]) for i in best if found[i][0] in by_id]
+    hits = [SearchHit(by_id[found[i][0]], -scores[i]) for i in best if found[i][0] in by_id]
+    if not ranked:
+        return SearchHits(hits)
+    top = order[:ranked]
+    return SearchHits(hits, [found[i][0] for i in top], [-scores[i] for i in top])
 
 
 def stored_after(

@@ -14,7 +14,9 @@ index, an owner's messages by their FTS5 scope token).
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,15 +64,24 @@ class StoredVector:
 
 
 @dataclass(frozen=True, slots=True)
-class ScopeRow:
-    """One message of a searched scope, as fusion needs it; ``vector`` None when it has
-    none yet."""
+class ScopeRows:
+    """The messages of a searched scope as fusion needs them, by conversation, time and id:
+    one sequence per column rather than an object per row (a scope has thousands).
 
-    id: int
-    conversation: tuple[str, str, str, str]
-    sender: str
-    created_at: int
-    vector: bytes | None
+    Row ``i`` is message ``ids[i]`` of conversation ``conversations[k]`` for the last ``k``
+    with ``starts[k] <= i``; ``vectors[i]`` is None when it has no vector yet."""
+
+    ids: Sequence[int]
+    senders: Sequence[str]
+    created_at: Sequence[int]
+    vectors: Sequence[bytes | None]
+    conversations: Sequence[tuple[str, str, str, str]]
+    """The scope's conversations (agent, channel, chat, thread), in order."""
+    starts: Sequence[int]
+    """The row each of ``conversations`` starts at (the first is 0)."""
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,10 +234,14 @@ def scope_vectors(
     key: ConversationKey | None = None,
     owner_id: str | None = None,
     limit: int = MAX_SCOPE_ROWS,
-) -> list[ScopeRow] | None:
+) -> ScopeRows | None:
     """Every message of the scope :func:`fermix.storage.messages.search` would search, with
-    its vector or None, by conversation then time; None when the scope has more than
-    ``limit`` messages or no index to read it by (an agent, the whole table)."""
+    its vector or None, by conversation, time and id; None when the scope has more than
+    ``limit`` messages or no index to read it by (an agent, the whole table).
+
+    The rows are sorted by SQLite (a conversation's come in its index's order) and read in
+    one ``fetchall``; the conversations are found by comparing the key columns of
+    consecutive rows, so no object is made per row beyond the row's own values."""
     scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
     columns = (
         "m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.sender, m.created_at, v.vector"
@@ -234,22 +249,37 @@ def scope_vectors(
     vectors = "LEFT JOIN message_vectors AS v ON v.message_id = m.id"
     params: tuple[Any, ...]
     if scope.indexed:
-        sql = f"SELECT {columns} FROM messages AS m {vectors} WHERE {scope.clause()}"
+        # One conversation: its index gives the order, and stops a scope too large early.
+        sql = (
+            f"SELECT {columns} FROM messages AS m {vectors} WHERE {scope.clause()}"
+            " ORDER BY m.created_at, m.id LIMIT ?"
+        )
         params = scope.params
     elif scope.tokens:
+        # Sorted after the LIMIT, so a scope too large stops the read at limit + 1 rows.
         sql = (
-            f"SELECT {columns} FROM messages_fts JOIN messages AS m ON m.id = messages_fts.rowid"
-            f" {vectors} WHERE messages_fts MATCH ? AND {scope.clause()}"
+            f"SELECT * FROM (SELECT {columns} FROM messages_fts"
+            f" JOIN messages AS m ON m.id = messages_fts.rowid {vectors}"
+            f" WHERE messages_fts MATCH ? AND {scope.clause()} LIMIT ?)"
+            " ORDER BY agent_id, channel, chat_id, thread_scope, created_at, id"
         )
         params = (scope.match(), *scope.params)
     else:
         return None
-    found: list[tuple[Any, ...]] = conn.execute(f"{sql} LIMIT ?", (*params, limit + 1)).fetchall()
+    found: list[tuple[Any, ...]] = conn.execute(sql, (*params, limit + 1)).fetchall()
     if len(found) > limit:
         return None
-    rows = [ScopeRow(r[0], (r[1], r[2], r[3], r[4]), r[5], r[6], r[7]) for r in found]
-    rows.sort(key=lambda row: (row.conversation, row.created_at, row.id))
-    return rows
+    if not found:
+        return ScopeRows((), (), (), (), (), ())
+    ids, agents, channels, chats, threads, senders, created_at, blobs = zip(*found, strict=True)
+    n = len(ids)
+    # Row i > 0 starts a conversation when one of its key columns differs from row i - 1's
+    # (C-level maps: no Python frame, no object per row).
+    a, b, c, d = (map(operator.ne, col[1:], col[:-1]) for col in (agents, channels, chats, threads))
+    moved = map(operator.or_, map(operator.or_, a, b), map(operator.or_, c, d))
+    starts = [0, *itertools.compress(range(1, n), moved)]
+    conversations = [(agents[i], channels[i], chats[i], threads[i]) for i in starts]
+    return ScopeRows(ids, senders, created_at, blobs, conversations, starts)
 
 
 def memory_vectors(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, bytes]:

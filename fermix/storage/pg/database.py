@@ -1,0 +1,138 @@
+"""``PgDatabase``: one process's way into a PostgreSQL database, the port of
+:class:`fermix.storage.Database`.
+
+Reads run on a ``psycopg_pool`` pool of autocommit connections (each statement sees every
+commit made before it, as a SQLite read outside a transaction does); writes run through the
+process's group commit (:class:`~fermix.storage.pg.committer.PgCommitter`) on a connection
+of its own. Opening migrates the database (:mod:`fermix.storage.pg.migrations`), once
+whichever of several services starting together gets there first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from fermix.errors import StorageError
+from fermix.storage.pg.committer import PgCommitter
+from fermix.storage.pg.connection import Conn
+from fermix.storage.pg.migrations import migrate
+from fermix.storage.pg.session import PgReads, PgWrites
+from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
+
+T = TypeVar("T")
+
+
+def connect(url: str) -> Conn:
+    """A connection in autocommit mode (transactions are opened explicitly)."""
+    return psycopg.connect(url, autocommit=True)
+
+
+class PgDatabase:
+    """A PostgreSQL database shared by any number of fermix processes (issue 15)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        readers: int = 4,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        max_batch: int = 512,
+    ) -> None:
+        self.url = url
+        self.name = describe(url)
+        try:
+            conn = connect(url)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot connect to {self.name}: {exc}") from exc
+        try:
+            migrate(conn)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot migrate {self.name}: {exc}") from exc
+        finally:
+            conn.close()
+        self._committer = PgCommitter(lambda: connect(url), retry=retry, max_batch=max_batch)
+        self._readers: ConnectionPool[Conn] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=readers,
+            kwargs={"autocommit": True},
+            name="fermix-reads",
+            open=True,
+        )
+
+    @contextlib.contextmanager
+    def read(self, timeout: float = 30.0) -> Iterator[PgReads]:
+        """A read unit: the block's reads run on one pooled connection. A database error is
+        a :class:`~fermix.errors.StorageError` naming the database."""
+        try:
+            connection = self._readers.connection(timeout)
+            conn = connection.__enter__()
+        except PoolTimeout:
+            raise StorageError(f"no read connection free after {timeout} s") from None
+        try:
+            yield PgReads(conn)
+        except psycopg.Error as exc:
+            connection.__exit__(type(exc), exc, exc.__traceback__)
+            raise StorageError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        except BaseException as exc:
+            connection.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        connection.__exit__(None, None, None)
+
+    def write(self, unit: Callable[[PgWrites], T], *, label: str = "write") -> T:
+        """Run ``unit`` in a write transaction; return its result once committed."""
+        result: T = self._committer.run(_forgetting(unit), label=label)
+        return result
+
+    def append(self, unit: Callable[[PgWrites], T], *, label: str) -> T:
+        """:meth:`write` for an append (it changes owners and trusts only by ``touch_known``)."""
+        result: T = self._committer.run(unit, label=label)
+        return result
+
+    def write_each(
+        self, units: Sequence[tuple[Callable[[PgWrites], T], str]]
+    ) -> list[tuple[bool, T | BaseException]]:
+        """Run each ``(unit, label)`` as :meth:`write` would, in order, sharing commits."""
+        return self._committer.run_many([(_forgetting(unit), label) for unit, label in units])
+
+    def append_each(
+        self, units: Sequence[tuple[Callable[[PgWrites], T], str]]
+    ) -> list[tuple[bool, T | BaseException]]:
+        """:meth:`write_each` for appends."""
+        return self._committer.run_many(list(units))
+
+    @property
+    def commits(self) -> int:
+        """Write transactions committed so far (for benchmarks and tests)."""
+        return self._committer.batches
+
+    def close(self) -> None:
+        """Finish the queued writes, then close every connection."""
+        try:
+            self._committer.close()
+        finally:
+            self._readers.close()
+
+
+def describe(url: str) -> str:
+    """The database ``url`` names, without its password (for messages and logs)."""
+    try:
+        params: dict[str, Any] = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "a PostgreSQL database"
+    host = params.get("host", "")
+    return f"PostgreSQL database {params.get('dbname', '?')!r}" + (f" on {host}" if host else "")
+
+
+def _forgetting(unit: Callable[[PgWrites], T]) -> Callable[[PgWrites], T]:
+    def run(writes: PgWrites) -> T:
+        writes.forget()
+        return unit(writes)
+
+    return run
