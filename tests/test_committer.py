@@ -25,8 +25,7 @@ from faults import FaultVFS
 
 from fermix.errors import StorageError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage import Database, Writes, messages, open_database
-from fermix.storage import committer as committer_module
+from fermix.storage import Database, Writes, leaders, messages, open_database
 from fermix.storage.committer import Committer, RetryPolicy
 
 KEY = ConversationKey("agent", "cli", "1")
@@ -354,13 +353,13 @@ class _InterruptedOnce:
 def test_a1_an_interrupted_caller_still_leads_the_batch_handed_to_it_then_raises(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Unit(committer_module._Unit):
+    class Unit(leaders.Unit):
         def __init__(self, work: Work, label: str, *, queued: bool) -> None:
             super().__init__(work, label, queued=queued)
             if label == "unit 1" and self.wake is not None:
                 self.wake = _InterruptedOnce(self.wake)  # type: ignore[assignment]
 
-    monkeypatch.setattr(committer_module, "_Unit", Unit)
+    monkeypatch.setattr(leaders, "Unit", Unit)
     committer = Committer(open_database(tmp_path / "memory.db"), max_batch=1)
     # max_batch 1: the gate commits alone and hands the connection to unit 1's caller,
     # whose wait was interrupted; it must still lead, or unit 2 would wait forever.
@@ -404,7 +403,7 @@ def test_a1_a8_close_while_busy_commits_the_queued_work_then_refuses_new_work(
 ) -> None:
     committer = Committer(open_database(tmp_path / "memory.db"))
     gate, futures = _hold_and_queue(committer, [_insert("a"), _insert("b")])
-    logger = logging.getLogger("fermix.storage.committer")
+    logger = logging.getLogger("fermix.storage.leaders")
     seen, level = _Seen("closing the writer"), logger.level
     logger.addHandler(seen)
     logger.setLevel(logging.DEBUG)

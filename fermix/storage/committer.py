@@ -61,17 +61,14 @@ stops the checkpoint thread and closes the connections.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import apsw
-import tenacity
 
-from fermix.errors import StorageError, WriteFailedError
 from fermix.storage.checkpoint import CHECKPOINT_INLINE_PAGES, CHECKPOINT_PAGES, WalCheckpoints
-from fermix.storage.retry import DEFAULT_RETRY, TRANSIENT_ERRORS, RetryPolicy, retrying
+from fermix.storage.leaders import GroupCommit, Unit, Work
+from fermix.storage.retry import DEFAULT_RETRY, TRANSIENT_ERRORS, RetryPolicy
 
 __all__ = [
     "TRANSIENT_ERRORS",
@@ -81,52 +78,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-Work = Callable[[Any], Any]
-"""A unit: a function of the connection, or of the session the committer was given."""
 
 
-class _Unit:
-    """One call of :meth:`Committer.run`: its work and, once committed, its outcome."""
+class Committer(GroupCommit):
+    """The group commit on SQLite: one apsw connection, WAL checkpoints off the commit path."""
 
-    __slots__ = ("label", "lead", "ok", "value", "wake", "work")
-
-    def __init__(self, work: Work, label: str, *, queued: bool) -> None:
-        self.work = work
-        self.label = label
-        self.ok = False
-        self.value: Any = None
-        self.lead = not queued
-        """Whether this unit's caller holds the connection (it leads the batch)."""
-        self.wake: threading.Lock | None = None
-        if queued:
-            # Held until the outcome is set or the connection is handed over; the caller
-            # sleeps acquiring it.
-            self.wake = threading.Lock()
-            self.wake.acquire()
-
-    def succeed(self, value: Any) -> None:
-        self.ok = True
-        self.value = value
-
-    def fail(self, error: BaseException) -> None:
-        """Give the unit its error: a database error typed (H3), with the apsw one as cause."""
-        self.ok = False
-        if isinstance(error, apsw.Error):
-            typed = WriteFailedError(f"{self.label}: not written: {error}")
-            typed.__cause__ = error
-            error = typed
-        self.value = error
-
-    def outcome(self) -> Any:
-        """The unit's result, or its error raised."""
-        if self.ok:
-            return self.value
-        raise self.value
-
-
-class Committer:
-    """Runs units of write work on one connection, batching concurrent callers into one commit."""
+    transient = TRANSIENT_ERRORS
+    driver_error = apsw.Error
 
     def __init__(
         self,
@@ -148,19 +106,7 @@ class Committer:
         one's last commit (SQLite's data version moved; checked once per transaction)."""
         self._version = -1
         """The connection's data version after its last commit (-1: none yet)."""
-        self._retry = retry
-        self._max_batch = max_batch
-        self._mutex = threading.Lock()
-        # Everything below is guarded by _mutex, except the connection itself, which only
-        # its holder touches.
-        self._queue: deque[_Unit] = deque()
-        self._held = False
-        """A caller holds the connection (the leader)."""
-        self._closed = False
-        self._released = threading.Condition(self._mutex)
-        """Notified when the connection is let go while closing (close() waits on it)."""
-        self.batches = 0
-        """Transactions committed, for benchmarks and tests."""
+        super().__init__(retry=retry, max_batch=max_batch)
         self._checkpoints = WalCheckpoints(
             conn, checkpoint_pages=checkpoint_pages, inline_pages=inline_pages
         )
@@ -172,169 +118,13 @@ class Committer:
         """Pages in the log after the last commit, for tests."""
         return self._checkpoints.pages
 
-    def run(self, work: Callable[[Any], T], *, label: str = "write") -> T:
-        """Run ``work(conn)`` in a write transaction; return its result once committed.
-
-        ``label`` names the write in logs and errors (e.g. the conversation of an append).
-        Raises what ``work`` raised, :class:`WriteFailedError` for a database error, or
-        :class:`StorageError` once the committer is closed.
-        """
-        with self._mutex:
-            if self._closed:
-                raise StorageError("the database writer is closed")
-            unit = _Unit(work, label, queued=self._held)
-            if unit.lead:
-                self._held = True
-            else:
-                self._queue.append(unit)
-        if not unit.lead:
-            self._await(unit)
-            if not unit.lead:
-                return unit.outcome()  # type: ignore[no-any-return]
-        return self._lead(unit)  # type: ignore[no-any-return]
-
-    def run_many(self, works: list[tuple[Work, str]]) -> list[tuple[bool, Any]]:
-        """Run each ``(work, label)`` as its own unit, in order; return each one's outcome
-        once committed, ``(True, result)`` or ``(False, error)``, never raising for a unit.
-
-        For a caller holding many independent writes at once (the server's appends of
-        concurrent requests): they share commits as concurrent callers' units do, with one
-        wake-up of this caller instead of one thread per unit. A unit that fails is left
-        out alone, as in :meth:`run`.
-        """
-        units: list[_Unit] = []
-        with self._mutex:
-            if self._closed:
-                raise StorageError("the database writer is closed")
-            for work, label in works:
-                unit = _Unit(work, label, queued=self._held)
-                if unit.lead:
-                    self._held = True
-                else:
-                    self._queue.append(unit)
-                units.append(unit)
-        for unit in units:
-            if unit.wake is not None:
-                self._await(unit)  # at once when an earlier unit's batch took it
-            if unit.lead:
-                self._lead(unit, outcome=False)
-        return [(unit.ok, unit.value) for unit in units]
-
-    def close(self) -> None:
-        """Refuse new work, commit what is queued or running, then close."""
-        with self._mutex:
-            self._closed = True
-            log.debug("closing the writer, %d writes still to commit", len(self._queue))
-            while self._held:
-                self._released.wait()
+    def _close_connection(self) -> None:
         try:
             self._checkpoints.close()
         finally:
             self._conn.close()
 
-    def _await(self, unit: _Unit) -> None:
-        """Sleep until ``unit`` is committed or its caller is handed the connection.
-
-        An interrupt (KeyboardInterrupt in the main thread) does not cut the wait short:
-        the connection may be on its way to this caller, and the queue behind it would
-        never move. It is raised once the wait, and any batch this caller leads, is over.
-        """
-        assert unit.wake is not None
-        interrupted: BaseException | None = None
-        while True:
-            try:
-                unit.wake.acquire()
-                break
-            except BaseException as exc:  # noqa: BLE001 - raised below, once it is safe
-                interrupted = exc
-        if interrupted is not None:
-            if unit.lead:
-                self._lead(unit, outcome=False)
-            raise interrupted
-
-    def _lead(self, unit: _Unit, *, outcome: bool = True) -> Any:
-        """Holding the connection: commit ``unit`` and the units queued meanwhile, wake
-        their callers, hand the connection on; return ``unit``'s outcome."""
-        batch = [unit]
-        try:
-            self._commit_batch(batch)
-        finally:
-            with self._mutex:
-                if self._queue:
-                    successor: _Unit | None = self._queue.popleft()
-                    successor.lead = True  # type: ignore[union-attr]
-                else:
-                    successor = None
-                    self._held = False
-                    if self._closed:
-                        self._released.notify_all()
-            # The next leader first: its batch runs while this thread wakes its own
-            # batch's callers, each wake a system call that can cost tens of microseconds
-            # when the sleeper is on the other core; woken last, it left the connection
-            # idle for all of them.
-            if successor is not None:
-                successor.wake.release()  # type: ignore[union-attr]
-            for follower in batch[1:]:
-                follower.wake.release()  # type: ignore[union-attr]
-        return unit.outcome() if outcome else None
-
-    def _absorb(self, batch: list[_Unit]) -> bool:
-        """Move the units queued meanwhile into the running ``batch``, up to ``max_batch``."""
-        room = self._max_batch - len(batch)
-        if room <= 0:
-            return False
-        with self._mutex:
-            pending = self._queue
-            if not pending:
-                return False
-            if len(pending) <= room:
-                batch.extend(pending)
-                pending.clear()
-            else:
-                batch.extend([pending.popleft() for _ in range(room)])
-        return True
-
-    def _commit_batch(self, batch: list[_Unit]) -> None:
-        """Commit ``batch`` in one transaction, retrying transient errors; set outcomes."""
-        try:
-            try:
-                self._commit(batch)
-            except TRANSIENT_ERRORS as first:
-                # The common path pays nothing for retries; only a failed batch enters them.
-                log.warning("write failed (%s), retrying: %s", _labels(batch), first)
-                self._retrying()(self._commit, batch)
-        except TRANSIENT_ERRORS as exc:
-            log.error(
-                "write failed after %d attempts, nothing kept (%s): %s",
-                self._retry.attempts,
-                _labels(batch),
-                exc,
-            )
-            for unit in batch:
-                unit.ok = False
-                unit.value = WriteFailedError(
-                    f"{unit.label}: not written after {self._retry.attempts} attempts: {exc}"
-                )
-            return
-        except apsw.Error as exc:
-            # Persistent database errors (corruption, a read-only file) reach every caller.
-            log.error("write failed, nothing kept (%s): %s", _labels(batch), exc)
-            for unit in batch:
-                unit.ok = False
-                unit.value = WriteFailedError(f"{unit.label}: not written: {exc}")
-            return
-        except BaseException as exc:
-            for unit in batch:
-                unit.ok = False
-                unit.value = exc
-            raise
-        self.batches += 1
-
-    def _retrying(self) -> tenacity.Retrying:
-        """The retries after a first failed attempt: ``attempts - 1`` more, jittered."""
-        return retrying(self._retry, attempts=self._retry.attempts - 1)
-
-    def _commit(self, batch: list[_Unit]) -> None:
+    def _commit(self, batch: list[Unit]) -> None:
         """One attempt at the batch: each unit's outcome is set once it committed, or once
         its own error is final.
 
@@ -364,7 +154,7 @@ class Committer:
         except Exception as exc:  # noqa: BLE001 - a unit failed: isolate it, or hand it back
             self._rollback()
             if len(batch) == 1:
-                batch[0].fail(exc)
+                batch[0].fail(exc, apsw.Error)
             else:
                 self._commit_isolated(batch)
             return
@@ -377,7 +167,7 @@ class Committer:
         if checkpoints.pages >= checkpoints.due_at:
             checkpoints.checkpoint(conn)
 
-    def _commit_isolated(self, batch: list[_Unit]) -> None:
+    def _commit_isolated(self, batch: list[Unit]) -> None:
         """The batch again, each unit in a savepoint, leaving out the ones that raise."""
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
@@ -395,7 +185,7 @@ class Committer:
             if ok:
                 unit.succeed(value)
             else:
-                unit.fail(value)
+                unit.fail(value, apsw.Error)
 
     def _savepointed(self, conn: apsw.Connection, work: Work) -> tuple[bool, Any]:
         conn.execute("SAVEPOINT unit")
@@ -419,9 +209,3 @@ class Committer:
         finally:
             if self._on_reset is not None:
                 self._on_reset()
-
-
-def _labels(batch: list[_Unit]) -> str:
-    labels = sorted({unit.label for unit in batch})
-    shown = ", ".join(labels[:5])
-    return shown + (f" and {len(labels) - 5} more" if len(labels) > 5 else "")

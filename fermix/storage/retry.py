@@ -36,12 +36,16 @@ DEFAULT_RETRY = RetryPolicy()
 
 
 def retrying(
-    policy: RetryPolicy = DEFAULT_RETRY, *, attempts: int | None = None
+    policy: RetryPolicy = DEFAULT_RETRY,
+    *,
+    attempts: int | None = None,
+    transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS,
 ) -> tenacity.Retrying:
-    """A tenacity loop over ``policy`` that retries only :data:`TRANSIENT_ERRORS` and
-    re-raises the last one; ``attempts`` overrides the policy's count."""
+    """A tenacity loop over ``policy`` that retries only ``transient`` errors (SQLite's
+    :data:`TRANSIENT_ERRORS` by default) and re-raises the last one; ``attempts``
+    overrides the policy's count."""
     return tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(TRANSIENT_ERRORS),
+        retry=tenacity.retry_if_exception_type(transient),
         stop=tenacity.stop_after_attempt(max(1, policy.attempts if attempts is None else attempts)),
         wait=tenacity.wait_random_exponential(
             multiplier=policy.initial_wait_s, max=policy.max_wait_s
