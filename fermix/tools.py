@@ -30,7 +30,7 @@ from fermix.runtime import recall
 
 if TYPE_CHECKING:
     from fermix.runtime.writer import Writer
-    from fermix.storage import Database
+    from fermix.storage import Storage
 
 __all__ = ["SCHEMAS", "Caller", "JobCaller", "MemoryTools", "ToolError"]
 
@@ -41,7 +41,7 @@ class HasStorage(Protocol):
     """What the tools need of the runtime: its database and its one writer."""
 
     @property
-    def db(self) -> Database: ...
+    def db(self) -> Storage: ...
 
     @property
     def writer(self) -> Writer: ...
@@ -62,7 +62,7 @@ Caller = ConversationLike | JobCaller
 
 @dataclass(frozen=True)
 class _Storage:
-    db: Database
+    db: Storage
     writer: Writer
 
 
@@ -77,13 +77,13 @@ class MemoryTools:
     def __init__(self, runtime: HasStorage, /) -> None: ...
 
     @overload
-    def __init__(self, db: Database, writer: Writer, /) -> None: ...
+    def __init__(self, db: Storage, writer: Writer, /) -> None: ...
 
-    def __init__(self, source: HasStorage | Database, writer: Writer | None = None, /) -> None:
+    def __init__(self, source: HasStorage | Storage, writer: Writer | None = None, /) -> None:
         self._runtime = (
             cast("HasStorage", source)
             if writer is None
-            else _Storage(cast("Database", source), writer)
+            else _Storage(cast("Storage", source), writer)
         )
 
     @staticmethod
@@ -107,7 +107,7 @@ class MemoryTools:
             return json.dumps({"error": str(exc)}, ensure_ascii=False)
         return json.dumps(result, ensure_ascii=False)
 
-    def _storage(self) -> tuple[Database, Writer]:
+    def _storage(self) -> tuple[Storage, Writer]:
         """The runtime's database and writer, refused while it is not running."""
         runtime = self._runtime
         check_running = getattr(runtime, "check_running", None)  # the Runtime has one

@@ -17,7 +17,7 @@ from fermix import validate
 from fermix.errors import InvalidInputError, NotFoundError
 from fermix.model import ApiToken
 from fermix.runtime.writer import Writer
-from fermix.storage import Database
+from fermix.storage import Storage
 
 SECRET_PREFIX = "fmx_"
 _SHOWN = 12
@@ -33,7 +33,7 @@ def secret_hash(secret: str) -> str:
 class Tokens:
     """The tokens of one home's database."""
 
-    def __init__(self, db: Database, writer: Writer) -> None:
+    def __init__(self, db: Storage, writer: Writer) -> None:
         self._db = db
         self._writer = writer
 

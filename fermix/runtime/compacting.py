@@ -27,7 +27,7 @@ from fermix.core.compaction import CompactionResult
 from fermix.errors import ModelError
 from fermix.model import ConversationKey, ConversationState, Message, NewMessage
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
+from fermix.storage import Storage, Writes
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class Compacting:
     def __init__(
         self,
         config: Config,
-        db: Database,
+        db: Storage,
         writer: Writer,
         *,
         clock: Callable[[], int] = now_ms,

@@ -42,7 +42,7 @@ from fermix.config import EmbeddingConfig
 from fermix.embedding import Embedder, EmbeddingError, TokenCounts, from_config, to_blob, to_int8
 from fermix.errors import FermixError
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads, Writes
+from fermix.storage import Reads, Storage, Writes
 from fermix.storage.vectors import PendingText, StoredVector
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Indexer:
 
     def __init__(
         self,
-        db: Database,
+        db: Storage,
         writer: Writer,
         embedder: Embedder,
         *,
@@ -98,7 +98,7 @@ class Indexer:
         """Rows this indexer embedded since it started."""
 
     @classmethod
-    def from_config(cls, db: Database, writer: Writer, config: EmbeddingConfig) -> Indexer | None:
+    def from_config(cls, db: Storage, writer: Writer, config: EmbeddingConfig) -> Indexer | None:
         """The indexer ``[fermix_core.embedding]`` asks for, or None when it is off."""
         if not config.enabled:
             return None
@@ -319,19 +319,19 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _path(db: Database) -> str:
+def _path(db: Storage) -> str:
     with db.read() as reads:
         return reads.database_file()
 
 
-def register(db: Database, indexer: Indexer) -> None:
+def register(db: Storage, indexer: Indexer) -> None:
     """Make ``indexer`` serve the searches of ``db``'s file in this process."""
     path = _path(db)
     with _ACTIVE_LOCK:
         _ACTIVE.setdefault(path, []).append(indexer)
 
 
-def unregister(db: Database, indexer: Indexer) -> None:
+def unregister(db: Storage, indexer: Indexer) -> None:
     """Stop ``indexer`` serving searches."""
     with _ACTIVE_LOCK:
         for path, found in list(_ACTIVE.items()):

@@ -16,7 +16,7 @@ from fermix import validate
 from fermix.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from fermix.model import JobCaller, JobRun, MemorySource, ScheduledJob
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads
+from fermix.storage import Reads, Storage
 
 MAX_ID = 2**63 - 1
 MAX_RUNS_LISTED = 10_000
@@ -44,7 +44,7 @@ def create_job(
     )
 
 
-def get_job(db: Database, job_id: int) -> ScheduledJob | None:
+def get_job(db: Storage, job_id: int) -> ScheduledJob | None:
     """The job ``job_id``, or None."""
     validate.positive_int("job_id", job_id, maximum=MAX_ID)
     with db.read() as reads:
@@ -54,7 +54,7 @@ def get_job(db: Database, job_id: int) -> ScheduledJob | None:
             return None
 
 
-def list_jobs(db: Database, *, agent_id: str | None = None) -> list[ScheduledJob]:
+def list_jobs(db: Storage, *, agent_id: str | None = None) -> list[ScheduledJob]:
     """Every job, or the jobs of ``agent_id``, oldest first."""
     if agent_id is not None:
         validate.identifier("agent_id", agent_id)
@@ -68,7 +68,7 @@ def start_run(writer: Writer, job_id: int) -> JobRun:
     return writer.write(lambda w: w.start_run(job_id), label=f"start a run of job {job_id}")
 
 
-def caller_for_run(db: Database, run_id: int) -> JobCaller:
+def caller_for_run(db: Storage, run_id: int) -> JobCaller:
     """The tools' caller for run ``run_id``: its job's memory source, agent and owner.
 
     :class:`NotFoundError` for no such run; :class:`InvalidInputError` for a run that
@@ -97,7 +97,7 @@ def finish_run(
     )
 
 
-def list_runs(db: Database, job_id: int, *, limit: int = 20) -> list[JobRun]:
+def list_runs(db: Storage, job_id: int, *, limit: int = 20) -> list[JobRun]:
     """The newest ``limit`` runs of ``job_id``, newest first (:class:`NotFoundError` for no
     such job)."""
     validate.positive_int("job_id", job_id, maximum=MAX_ID)

@@ -35,7 +35,7 @@ from fermix.home import Home
 from fermix.model import MemoryRow, Revision, check_resource_name
 from fermix.runtime import files
 from fermix.runtime.deferred import DeferredRebuilds, Pair, has_files, read_mark
-from fermix.storage import Database, Reads, Writes
+from fermix.storage import Reads, Storage, Writes
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def render_pair(reads: Reads, agent_id: str, owner_id: str) -> RenderedFiles:
 class PromptFiles(DeferredRebuilds):
     """The prompt files of one home, rebuilt through the process's one writer."""
 
-    def __init__(self, home: Home, db: Database) -> None:
+    def __init__(self, home: Home, db: Storage) -> None:
         self.home = home
         self._db = db
         self._locks = files.PairLocks()

@@ -47,7 +47,7 @@ from fermix.model import (
 from fermix.runtime import embedding
 from fermix.runtime.jobs import check_caller
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads, Writes
+from fermix.storage import Reads, Storage, Writes
 from fermix.storage.fts import CANDIDATES
 from fermix.storage.vectors import conversation_scope, memory_scope
 
@@ -86,7 +86,7 @@ def home_scope(caller: Caller) -> Scope:
     return categories.conversation_scope(caller.key)
 
 
-def run(db: Database, writer: Writer, call: ToolCall, caller: Caller) -> dict[str, Any]:
+def run(db: Storage, writer: Writer, call: ToolCall, caller: Caller) -> dict[str, Any]:
     """Do one checked tool call for ``caller``; returns the JSON-ready result."""
     if isinstance(call, Store):
         return tool_calls.stored(store(writer, caller, call.key, call.value))
@@ -129,7 +129,7 @@ def store(writer: Writer, caller: Caller, key: str, value: str) -> MemoryRow:
     return written.rows[-1]
 
 
-def recall(db: Database, caller: Caller, call: Recall) -> dict[str, Any]:
+def recall(db: Storage, caller: Caller, call: Recall) -> dict[str, Any]:
     """The rows and/or messages ``call`` asks for, within what ``caller`` may see (T2, SC3)."""
     with db.read() as reads:
         if isinstance(caller, JobCaller):
@@ -263,7 +263,7 @@ def fuse_memory_rows(
     return [rows[i] for i, _ in fused[:limit]]
 
 
-def sources(db: Database, caller: Caller) -> list[MemorySource]:
+def sources(db: Storage, caller: Caller) -> list[MemorySource]:
     """The sources the caller may see: a job its own; a conversation its owner's and the
     agent's shared ones (T3)."""
     with db.read() as reads:

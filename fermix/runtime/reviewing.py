@@ -29,7 +29,7 @@ from fermix.model import ConversationKey, ConversationState, MemoryRow
 from fermix.runtime.review_apply import apply_admitted
 from fermix.runtime.review_inputs import shown_rows
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
+from fermix.storage import Storage, Writes
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class Reviewing:
     def __init__(
         self,
         config: Config,
-        db: Database,
+        db: Storage,
         writer: Writer,
         *,
         clock: Callable[[], int] = now_ms,

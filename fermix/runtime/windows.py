@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fermix.actors.conversation import Snapshot, WindowMark
 from fermix.model import ConversationKey, ConversationState, Message
-from fermix.storage import Database
+from fermix.storage import Storage
 
 
 class Windows:
     """Reads a conversation's state, window and window mark for its actor (a
     ``WindowSource``), each in one read unit (M4)."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Storage) -> None:
         self._db = db
 
     def state(self, key: ConversationKey) -> ConversationState | None:

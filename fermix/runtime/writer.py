@@ -35,7 +35,7 @@ from fermix.model import (
     PendingAppend,
 )
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult
-from fermix.storage import Database, Writes
+from fermix.storage import Storage, Writes
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Writer:
 
     def __init__(
         self,
-        db: Database,
+        db: Storage,
         files: PromptFiles,
         *,
         deliver: Callable[[Message], None] = lambda message: None,

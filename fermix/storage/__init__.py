@@ -8,6 +8,7 @@ One module per table family writes the SQL; each takes an open connection.
 from fermix.storage.connection import connect, transaction
 from fermix.storage.database import Database
 from fermix.storage.migrations import open_database
+from fermix.storage.port import Storage
 from fermix.storage.session import Reads, Writes
 
-__all__ = ["Database", "Reads", "Writes", "connect", "open_database", "transaction"]
+__all__ = ["Database", "Reads", "Storage", "Writes", "connect", "open_database", "transaction"]

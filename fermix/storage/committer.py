@@ -79,7 +79,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-
 class Committer(GroupCommit):
     """The group commit on SQLite: one apsw connection, WAL checkpoints off the commit path."""
 

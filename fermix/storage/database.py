@@ -22,13 +22,14 @@ from fermix.storage import health
 from fermix.storage.committer import Committer
 from fermix.storage.migrations import open_database
 from fermix.storage.pool import ReaderPool
+from fermix.storage.port import Storage
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 from fermix.storage.session import Reads, Writes
 
 T = TypeVar("T")
 
 
-class Database:
+class Database(Storage):
     """The database of one home, opened (and migrated) once per process."""
 
     def __init__(
@@ -40,6 +41,7 @@ class Database:
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.path = Path(path)
+        self.name = self.path.name
         self.vfs = vfs
         conn = open_database(path, vfs=vfs)
         # One session for every unit of the write connection: its operations are bound once,
@@ -63,10 +65,16 @@ class Database:
         health.open_to_inspect(path, vfs=vfs)
         db = cls.__new__(cls)
         db.path = Path(path)
+        db.name = db.path.name
         db.vfs = vfs
         db._committer = None
         db._readers = ReaderPool(path, size=1, vfs=vfs)
         return db
+
+    @property
+    def key(self) -> str:
+        """The file's absolute path: one key per file in every process."""
+        return os.path.abspath(self.path)
 
     @contextlib.contextmanager
     def read(self, timeout: float = 30.0) -> Iterator[Reads]:

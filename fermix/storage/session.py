@@ -34,7 +34,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class _Op(Generic[P, R]):
+class Op(Generic[P, R]):
     """A table-family function of a connection, offered as a method of a session.
 
     The function bound to the session's connection is a :func:`functools.partial` (no
@@ -42,7 +42,7 @@ class _Op(Generic[P, R]):
     this is a non-data descriptor, so later accesses find it in the instance's dict.
     """
 
-    def __init__(self, fn: Callable[Concatenate[apsw.Connection, P], R]) -> None:
+    def __init__(self, fn: Callable[Concatenate[Any, P], R]) -> None:
         self._fn = fn
         self._name = fn.__name__
         self.__doc__ = fn.__doc__
@@ -50,13 +50,18 @@ class _Op(Generic[P, R]):
     def __set_name__(self, owner: type[Any], name: str) -> None:
         self._name = name
 
+    @property
+    def function(self) -> Callable[Concatenate[Any, P], R]:
+        """The table-family function this operation binds."""
+        return self._fn
+
     @overload
-    def __get__(self, session: None, owner: type[Any]) -> _Op[P, R]: ...
+    def __get__(self, session: None, owner: type[Any]) -> Op[P, R]: ...
 
     @overload
     def __get__(self, session: Reads, owner: type[Any]) -> Callable[P, R]: ...
 
-    def __get__(self, session: Reads | None, owner: type[Any]) -> _Op[P, R] | Callable[P, R]:
+    def __get__(self, session: Reads | None, owner: type[Any]) -> Op[P, R] | Callable[P, R]:
         if session is None:
             return self
         bound: Callable[P, R] = functools.partial(self._fn, session._conn)
@@ -68,72 +73,72 @@ class Reads:
     """The read operations, on one connection for the length of one unit."""
 
     def __init__(self, conn: apsw.Connection) -> None:
-        self._conn = conn
+        self._conn: Any = conn
 
     # conversations: state, window, review gates
-    conversation = _Op(_conversations.get)
-    conversations = _Op(_conversations.list_states)
-    window = _Op(_conversations.window)
-    window_mark = _Op(_conversations.window_mark)
-    window_snapshot = _Op(_conversations.window_snapshot)
-    window_since = _Op(_conversations.window_since)
-    newest_user_message_id = _Op(_conversations.newest_user_message_id)
-    with_new_user_messages = _Op(_conversations.with_new_user_messages)
-    review_backlog = _Op(_conversations.review_backlog)
+    conversation = Op(_conversations.get)
+    conversations = Op(_conversations.list_states)
+    window = Op(_conversations.window)
+    window_mark = Op(_conversations.window_mark)
+    window_snapshot = Op(_conversations.window_snapshot)
+    window_since = Op(_conversations.window_since)
+    newest_user_message_id = Op(_conversations.newest_user_message_id)
+    with_new_user_messages = Op(_conversations.with_new_user_messages)
+    review_backlog = Op(_conversations.review_backlog)
 
     # messages
-    message = _Op(_messages.get)
-    message_by_client_key = _Op(_messages.by_client_key)
-    messages = _Op(_messages.conversation)
-    count_messages = _Op(_messages.count)
-    search_messages = _Op(_messages.search)
+    message = Op(_messages.get)
+    message_by_client_key = Op(_messages.by_client_key)
+    messages = Op(_messages.conversation)
+    count_messages = Op(_messages.count)
+    search_messages = Op(_messages.search)
 
     # memory rows
-    row = _Op(_memories.get)
-    require_row = _Op(_memories.require)
-    row_by_key = _Op(_memories.get_by_key)
-    rows = _Op(_memories.list_rows)
-    search_rows = _Op(_memories.search)
-    relevant_rows = _Op(_relevance.relevant)
-    memory_version = _Op(_memories.change_counter)
-    memory_agents = _Op(_memories.agents)
-    memory_owners = _Op(_memories.owners)
+    row = Op(_memories.get)
+    require_row = Op(_memories.require)
+    row_by_key = Op(_memories.get_by_key)
+    rows = Op(_memories.list_rows)
+    search_rows = Op(_memories.search)
+    relevant_rows = Op(_relevance.relevant)
+    memory_version = Op(_memories.change_counter)
+    memory_agents = Op(_memories.agents)
+    memory_owners = Op(_memories.owners)
 
     # sources, jobs and runs
-    source = _Op(_jobs.get_source)
-    sources = _Op(_jobs.list_sources)
-    job = _Op(_jobs.get_job)
-    jobs = _Op(_jobs.list_jobs)
-    runs = _Op(_jobs.list_runs)
-    run = _Op(_jobs.get_run)
+    source = Op(_jobs.get_source)
+    sources = Op(_jobs.list_sources)
+    job = Op(_jobs.get_job)
+    jobs = Op(_jobs.list_jobs)
+    runs = Op(_jobs.list_runs)
+    run = Op(_jobs.get_run)
 
     # prompt-file resources and their revisions
-    resource = _Op(_resources.get_resource)
-    resources = _Op(_resources.list_resources)
-    current_revision = _Op(_resources.current)
-    revision = _Op(_resources.get_revision)
-    revisions = _Op(_resources.history)
+    resource = Op(_resources.get_resource)
+    resources = Op(_resources.list_resources)
+    current_revision = Op(_resources.current)
+    revision = Op(_resources.get_revision)
+    revisions = Op(_resources.history)
 
     # the memory server's bearer tokens (N2)
-    token = _Op(_tokens.get)
-    token_by_secret = _Op(_tokens.by_secret)
-    tokens = _Op(_tokens.list_tokens)
+    token = Op(_tokens.get)
+    token_by_secret = Op(_tokens.by_secret)
+    tokens = Op(_tokens.list_tokens)
 
     # health, for fermix doctor: schema version, integrity, FTS mirrors
-    schema_version = _Op(_health.schema_version)
-    pending_migrations = _Op(_health.pending_migrations)
-    integrity_problems = _Op(_health.integrity_problems)
-    fts_problem = _Op(_health.fts_problem)
+    schema_version = Op(_health.schema_version)
+    pending_migrations = Op(_health.pending_migrations)
+    integrity_problems = Op(_health.integrity_problems)
+    fts_problem = Op(_health.fts_problem)
 
     # vectors for recall (Q2): the recorded model, rows to embed, a scope's vectors
-    embedding_model = _Op(_vectors.model)
-    messages_to_embed = _Op(_vectors.messages_to_embed)
-    memories_to_embed = _Op(_vectors.memories_to_embed)
-    token_counts = _Op(_vectors.token_counts)
-    scope_vectors = _Op(_vectors.scope_vectors)
-    memory_vectors = _Op(_vectors.memory_vectors)
-    vector_coverage = _Op(_vectors.coverage)
-    database_file = _Op(_vectors.database_file)
+    embedding_model = Op(_vectors.model)
+    messages_to_embed = Op(_vectors.messages_to_embed)
+    memories_to_embed = Op(_vectors.memories_to_embed)
+    token_counts = Op(_vectors.token_counts)
+    scope_vectors = Op(_vectors.scope_vectors)
+    memory_vectors = Op(_vectors.memory_vectors)
+    vector_coverage = Op(_vectors.coverage)
+    database_file = Op(_vectors.database_file)
 
 
 _KNOWN_ROWS = 4096
@@ -171,40 +176,40 @@ class Writes(Reads):
         self._known.clear()
 
     # conversations
-    touch_conversation = _Op(_conversations.touch)
-    update_conversation = _Op(_conversations.update)
-    claim_review = _Op(_conversations.claim_review)
-    finish_review = _Op(_conversations.finish_review)
-    fail_review = _Op(_conversations.fail_review)
-    release_expired_claims = _Op(_conversations.release_expired_claims)
+    touch_conversation = Op(_conversations.touch)
+    update_conversation = Op(_conversations.update)
+    claim_review = Op(_conversations.claim_review)
+    finish_review = Op(_conversations.finish_review)
+    fail_review = Op(_conversations.fail_review)
+    release_expired_claims = Op(_conversations.release_expired_claims)
 
     # messages
-    insert_message = _Op(_messages.insert)
+    insert_message = Op(_messages.insert)
 
     # memory rows
-    upsert_row = _Op(_memories.upsert)
-    replace_row = _Op(_memories.replace_value)
-    archive_row = _Op(_memories.archive)
-    restore_row = _Op(_memories.restore)
+    upsert_row = Op(_memories.upsert)
+    replace_row = Op(_memories.replace_value)
+    archive_row = Op(_memories.archive)
+    restore_row = Op(_memories.restore)
 
     # sources, jobs and runs
-    ensure_source = _Op(_jobs.ensure_source)
-    create_job = _Op(_jobs.create_job)
-    start_run = _Op(_jobs.start_run)
-    finish_run = _Op(_jobs.finish_run)
+    ensure_source = Op(_jobs.ensure_source)
+    create_job = Op(_jobs.create_job)
+    start_run = Op(_jobs.start_run)
+    finish_run = Op(_jobs.finish_run)
 
     # prompt-file revisions
-    record_revision = _Op(_resources.record)
+    record_revision = Op(_resources.record)
 
     # the memory server's bearer tokens (N2)
-    insert_token = _Op(_tokens.insert)
-    revoke_token = _Op(_tokens.revoke)
+    insert_token = Op(_tokens.insert)
+    revoke_token = Op(_tokens.revoke)
 
     # health: an FTS mirror rebuilt from its content table (fermix doctor --fix)
-    rebuild_fts = _Op(_health.rebuild_fts)
+    rebuild_fts = Op(_health.rebuild_fts)
 
     # vectors for recall (Q2)
-    record_embedding_model = _Op(_vectors.record_model)
-    reset_vectors = _Op(_vectors.reset)
-    store_message_vectors = _Op(_vectors.store_message_vectors)
-    store_memory_vectors = _Op(_vectors.store_memory_vectors)
+    record_embedding_model = Op(_vectors.record_model)
+    reset_vectors = Op(_vectors.reset)
+    store_message_vectors = Op(_vectors.store_message_vectors)
+    store_memory_vectors = Op(_vectors.store_memory_vectors)

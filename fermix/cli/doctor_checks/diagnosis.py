@@ -20,12 +20,12 @@ from fermix.cli.doctor_checks.vectors import check_vectors
 from fermix.config import Config
 from fermix.errors import FermixError
 from fermix.home import Home
-from fermix.storage import Database, Reads, health
+from fermix.storage import Reads, Storage, health
 
 
 def database_checks(
     home: Home,
-    db: Database,
+    db: Storage,
     config: Config,
     *,
     now: int,

@@ -10,10 +10,10 @@ from fermix.core import render
 from fermix.home import Home
 from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles, render_pair
-from fermix.storage import Database, Reads
+from fermix.storage import Reads, Storage
 
 
-def stale_prompt_files(home: Home, db: Database) -> tuple[int, int, list[dict[str, Any]]]:
+def stale_prompt_files(home: Home, db: Storage) -> tuple[int, int, list[dict[str, Any]]]:
     """How many prompt files were compared, how many hold a rollback, and those that lag
     their rows (C5, P2).
 
@@ -62,7 +62,7 @@ def _stale_files(home: Home, reads: Reads, agent_id: str, owner_id: str) -> list
     return found
 
 
-def check_prompt_files(home: Home, db: Database) -> Check:
+def check_prompt_files(home: Home, db: Storage) -> Check:
     """Every USER.md and MEMORY.md is what its rows (or its rollback) make it (S1, C5, P2)."""
     compared, rolled_back, stale = stale_prompt_files(home, db)
     if not stale:

@@ -38,9 +38,7 @@ async def caller(request: Request) -> ApiToken:
         raise ApiError(401, "missing Authorization: Bearer <token>", field="header.authorization")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
-        raise ApiError(
-            401, "Authorization must be 'Bearer <token>'", field="header.authorization"
-        )
+        raise ApiError(401, "Authorization must be 'Bearer <token>'", field="header.authorization")
     memory: Memory = request.app.state.memory
     token = memory.tokens.authenticate(secret.strip())
     if token is None:
@@ -56,9 +54,7 @@ MemoryDep = Annotated[Memory, Depends(memory_of)]
 def require_agent(token: ApiToken, agent_id: str, *, field: str = "agent_id") -> None:
     """A 403 unless ``token`` may act for ``agent_id``."""
     if not token.may_act_for(agent_id):
-        raise ApiError(
-            403, f"this token may not act for agent {agent_id!r}", field=field
-        )
+        raise ApiError(403, f"this token may not act for agent {agent_id!r}", field=field)
 
 
 def require_operator(token: ApiToken, what: str) -> None:

@@ -26,4 +26,3 @@ _executor = concurrent.futures.ThreadPoolExecutor(WORKERS, thread_name_prefix="f
 async def run(call: Callable[[], T]) -> T:
     """Run ``call`` on a worker thread and return its result (or raise its error)."""
     return await asyncio.get_running_loop().run_in_executor(_executor, call)
-

@@ -22,8 +22,10 @@ from fermix.errors import StorageError
 from fermix.storage.pg.committer import PgCommitter
 from fermix.storage.pg.connection import Conn
 from fermix.storage.pg.migrations import migrate
-from fermix.storage.pg.session import PgReads, PgWrites
+from fermix.storage.pg.session import PgReads
+from fermix.storage.port import Storage
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
+from fermix.storage.session import Writes
 
 T = TypeVar("T")
 
@@ -33,7 +35,7 @@ def connect(url: str) -> Conn:
     return psycopg.connect(url, autocommit=True)
 
 
-class PgDatabase:
+class PgDatabase(Storage):
     """A PostgreSQL database shared by any number of fermix processes (issue 15)."""
 
     def __init__(
@@ -66,6 +68,16 @@ class PgDatabase:
             open=True,
         )
 
+    @property
+    def key(self) -> str:
+        """The URL without its password: one key per database in every process."""
+        return redacted(self.url)
+
+    @property
+    def shared(self) -> bool:
+        """Always: services on other machines may write the same database."""
+        return True
+
     @contextlib.contextmanager
     def read(self, timeout: float = 30.0) -> Iterator[PgReads]:
         """A read unit: the block's reads run on one pooled connection. A database error is
@@ -85,24 +97,24 @@ class PgDatabase:
             raise
         connection.__exit__(None, None, None)
 
-    def write(self, unit: Callable[[PgWrites], T], *, label: str = "write") -> T:
+    def write(self, unit: Callable[[Writes], T], *, label: str = "write") -> T:
         """Run ``unit`` in a write transaction; return its result once committed."""
         result: T = self._committer.run(_forgetting(unit), label=label)
         return result
 
-    def append(self, unit: Callable[[PgWrites], T], *, label: str) -> T:
+    def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
         """:meth:`write` for an append (it changes owners and trusts only by ``touch_known``)."""
         result: T = self._committer.run(unit, label=label)
         return result
 
     def write_each(
-        self, units: Sequence[tuple[Callable[[PgWrites], T], str]]
+        self, units: Sequence[tuple[Callable[[Writes], T], str]]
     ) -> list[tuple[bool, T | BaseException]]:
         """Run each ``(unit, label)`` as :meth:`write` would, in order, sharing commits."""
         return self._committer.run_many([(_forgetting(unit), label) for unit, label in units])
 
     def append_each(
-        self, units: Sequence[tuple[Callable[[PgWrites], T], str]]
+        self, units: Sequence[tuple[Callable[[Writes], T], str]]
     ) -> list[tuple[bool, T | BaseException]]:
         """:meth:`write_each` for appends."""
         return self._committer.run_many(list(units))
@@ -120,6 +132,16 @@ class PgDatabase:
             self._readers.close()
 
 
+def redacted(url: str) -> str:
+    """``url`` without its password (a registry key that may be logged)."""
+    try:
+        params: dict[str, Any] = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "postgresql:?"
+    params.pop("password", None)
+    return "postgresql:" + " ".join(f"{k}={params[k]}" for k in sorted(params))
+
+
 def describe(url: str) -> str:
     """The database ``url`` names, without its password (for messages and logs)."""
     try:
@@ -130,8 +152,8 @@ def describe(url: str) -> str:
     return f"PostgreSQL database {params.get('dbname', '?')!r}" + (f" on {host}" if host else "")
 
 
-def _forgetting(unit: Callable[[PgWrites], T]) -> Callable[[PgWrites], T]:
-    def run(writes: PgWrites) -> T:
+def _forgetting(unit: Callable[[Writes], T]) -> Callable[[Writes], T]:
+    def run(writes: Writes) -> T:
         writes.forget()
         return unit(writes)
 

@@ -9,85 +9,50 @@ signatures against the SQLite sessions and runs the same tests over both.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any
 
 from fermix.model import ConversationKey
 from fermix.storage.pg import conversations as _conversations
 from fermix.storage.pg import messages as _messages
 from fermix.storage.pg import tokens as _tokens
 from fermix.storage.pg.connection import Conn
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from fermix.storage.session import Op, Reads, Writes
 
 
-class _Op(Generic[P, R]):
-    """A table-family function of a connection, offered as a method of a session (the
-    :class:`fermix.storage.session._Op` of a psycopg connection)."""
-
-    def __init__(self, fn: Callable[Concatenate[Conn, P], R]) -> None:
-        self._fn = fn
-        self._name = fn.__name__
-        self.__doc__ = fn.__doc__
-
-    def __set_name__(self, owner: type[Any], name: str) -> None:
-        self._name = name
-
-    @property
-    def function(self) -> Callable[Concatenate[Conn, P], R]:
-        """The table-family function this operation binds."""
-        return self._fn
-
-    @overload
-    def __get__(self, session: None, owner: type[Any]) -> _Op[P, R]: ...
-
-    @overload
-    def __get__(self, session: PgReads, owner: type[Any]) -> Callable[P, R]: ...
-
-    def __get__(self, session: PgReads | None, owner: type[Any]) -> _Op[P, R] | Callable[P, R]:
-        if session is None:
-            return self
-        bound: Callable[P, R] = functools.partial(self._fn, session._conn)
-        session.__dict__[self._name] = bound
-        return bound
-
-
-class PgReads:
+class PgReads(Reads):
     """The read operations, on one pooled connection for the length of one unit."""
 
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
 
     # conversations: state, window, review gates
-    conversation = _Op(_conversations.get)
-    conversations = _Op(_conversations.list_states)
-    window = _Op(_conversations.window)
-    window_mark = _Op(_conversations.window_mark)
-    window_snapshot = _Op(_conversations.window_snapshot)
-    window_since = _Op(_conversations.window_since)
-    newest_user_message_id = _Op(_conversations.newest_user_message_id)
-    with_new_user_messages = _Op(_conversations.with_new_user_messages)
-    review_backlog = _Op(_conversations.review_backlog)
+    conversation = Op(_conversations.get)
+    conversations = Op(_conversations.list_states)
+    window = Op(_conversations.window)
+    window_mark = Op(_conversations.window_mark)
+    window_snapshot = Op(_conversations.window_snapshot)
+    window_since = Op(_conversations.window_since)
+    newest_user_message_id = Op(_conversations.newest_user_message_id)
+    with_new_user_messages = Op(_conversations.with_new_user_messages)
+    review_backlog = Op(_conversations.review_backlog)
 
     # messages
-    message = _Op(_messages.get)
-    message_by_client_key = _Op(_messages.by_client_key)
-    messages = _Op(_messages.conversation)
-    count_messages = _Op(_messages.count)
-    search_messages = _Op(_messages.search)
+    message = Op(_messages.get)
+    message_by_client_key = Op(_messages.by_client_key)
+    messages = Op(_messages.conversation)
+    count_messages = Op(_messages.count)
+    search_messages = Op(_messages.search)
 
     # the memory server's bearer tokens (N2)
-    token = _Op(_tokens.get)
-    token_by_secret = _Op(_tokens.by_secret)
-    tokens = _Op(_tokens.list_tokens)
+    token = Op(_tokens.get)
+    token_by_secret = Op(_tokens.by_secret)
+    tokens = Op(_tokens.list_tokens)
 
 
 _KNOWN_ROWS = 4096
 
 
-class PgWrites(PgReads):
+class PgWrites(PgReads, Writes):
     """The write operations (and every read), inside one write transaction.
 
     :meth:`touch_known` skips a touch only within one transaction: a touch locks the
@@ -118,17 +83,17 @@ class PgWrites(PgReads):
         self._known.clear()
 
     # conversations
-    touch_conversation = _Op(_conversations.touch)
-    update_conversation = _Op(_conversations.update)
-    claim_review = _Op(_conversations.claim_review)
-    claim_due_reviews = _Op(_conversations.claim_due_reviews)
-    finish_review = _Op(_conversations.finish_review)
-    fail_review = _Op(_conversations.fail_review)
-    release_expired_claims = _Op(_conversations.release_expired_claims)
+    touch_conversation = Op(_conversations.touch)
+    update_conversation = Op(_conversations.update)
+    claim_review = Op(_conversations.claim_review)
+    claim_due_reviews = Op(_conversations.claim_due_reviews)
+    finish_review = Op(_conversations.finish_review)
+    fail_review = Op(_conversations.fail_review)
+    release_expired_claims = Op(_conversations.release_expired_claims)
 
     # messages
-    insert_message = _Op(_messages.insert)
+    insert_message = Op(_messages.insert)
 
     # the memory server's bearer tokens (N2)
-    insert_token = _Op(_tokens.insert)
-    revoke_token = _Op(_tokens.revoke)
+    insert_token = Op(_tokens.insert)
+    revoke_token = Op(_tokens.revoke)
