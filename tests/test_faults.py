@@ -339,7 +339,6 @@ def test_h3_a_units_own_database_error_reaches_its_caller_typed(memory: Memory) 
 # -- the memory apply of a review (E6) ---------------------------------------------------
 
 
-
 @pytest.fixture
 def reviewing(start_memory: StartMemory, model_server: HookedModelServer, clock: Clock) -> Memory:
     """A Memory on the faulty VFS whose reviewer calls the loopback model (background review

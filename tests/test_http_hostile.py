@@ -80,8 +80,9 @@ class Http:
 @pytest.fixture(scope="module")
 def api(module_server: ServerProcess) -> Iterator[Http]:
     client = Http(module_server.url, module_server.host_token)
-    status, _ = client.call("POST", f"/v1/conversations/{HANDLE}/messages",
-                            {"role": "user", "text": "seed"})
+    status, _ = client.call(
+        "POST", f"/v1/conversations/{HANDLE}/messages", {"role": "user", "text": "seed"}
+    )
     assert status == 201
     yield client
     client.conn.close()
@@ -113,8 +114,9 @@ def test_n8_hostile_text_in_every_field_of_an_append(
         assert body["content"] == text  # stored verbatim, once
         added = [row for row in after["messages"] if row not in before["messages"]]
         assert len(added) == 1
-        assert {t: rows for t, rows in after.items() if t not in ("messages", "conversations")} \
-            == {t: rows for t, rows in before.items() if t not in ("messages", "conversations")}
+        assert {t: rows for t, rows in after.items() if t not in ("messages", "conversations")} == {
+            t: rows for t, rows in before.items() if t not in ("messages", "conversations")
+        }
     else:
         assert after == before
     before = after
@@ -149,8 +151,11 @@ def test_n8_hostile_numbers_as_limits_and_tokens(
     for method, path, body in (
         ("GET", f"/v1/conversations/{HANDLE}/messages?limit={number}", None),
         ("POST", f"/v1/conversations/{HANDLE}/compose", {"system": "s", "limit": number}),
-        ("POST", f"/v1/conversations/{HANDLE}/messages",
-         {"role": "user", "text": "x", "peak_prompt_tokens": number, "client_key": "n"}),
+        (
+            "POST",
+            f"/v1/conversations/{HANDLE}/messages",
+            {"role": "user", "text": "x", "peak_prompt_tokens": number, "client_key": "n"},
+        ),
         ("GET", f"/v1/agents/assistant/memories?limit={number}", None),
         ("POST", f"/v1/conversations/{HANDLE}/messages", {"role": "user", "text": number}),
     ):

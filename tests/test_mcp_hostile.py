@@ -38,7 +38,6 @@ CHAT = "hostile"
 SCOPE = f"mcp:{CHAT}"
 
 
-
 class Target:
     def __init__(self, memory: Memory, url: str) -> None:
         self.memory, self.url = memory, url

@@ -69,7 +69,6 @@ class Rig:
         self.db.close()
 
 
-
 @pytest.fixture
 def make_rig(home: Path, model_server: ModelServer, clock: Clock) -> Iterator[Callable[..., Rig]]:
     rigs: list[Rig] = []

@@ -110,7 +110,6 @@ class Rig:
         self.db.close()
 
 
-
 @pytest.fixture
 def make_rig(home: Path, model_server: ModelServer, clock: Clock) -> Iterator[Callable[..., Rig]]:
     """Wire the home with ``config`` (default: the loopback model); closed after the test."""

@@ -196,9 +196,7 @@ IDS = st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), max
 SOME_IDS = IDS.filter(lambda text: text.strip() != "")  # a required id: not blank (validate)
 
 
-@given(
-    agent=SOME_IDS, channel=SOME_IDS, chat=SOME_IDS, thread=IDS, owner=IDS
-)
+@given(agent=SOME_IDS, channel=SOME_IDS, chat=SOME_IDS, thread=IDS, owner=IDS)
 @settings(max_examples=60, deadline=None, suppress_health_check=NORMAL)
 def test_tokens_are_what_sqlite_stores_and_one_token_each(
     fresh: apsw.Connection, agent: str, channel: str, chat: str, thread: str, owner: str

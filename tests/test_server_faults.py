@@ -80,8 +80,16 @@ class ServerProcess:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable, "-m", "fermix.cli", "--home", str(self.home),
-                    "supervisor", "start", "--foreground", "--port", str(self.port),
+                    sys.executable,
+                    "-m",
+                    "fermix.cli",
+                    "--home",
+                    str(self.home),
+                    "supervisor",
+                    "start",
+                    "--foreground",
+                    "--port",
+                    str(self.port),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -92,9 +100,10 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"the server exited: {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=0.5
-            ) as sock:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock,
+            ):
                 sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 if sock.recv(64).startswith(b"HTTP/1.1 200"):
                     return

@@ -54,8 +54,17 @@ def test_n2_the_command_refuses_a_public_address_and_says_why(
 
 def _start(home: Path, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "fermix.cli", "--home", str(home), "supervisor", "start",
-         "--foreground", *args],
+        [
+            sys.executable,
+            "-m",
+            "fermix.cli",
+            "--home",
+            str(home),
+            "supervisor",
+            "start",
+            "--foreground",
+            *args,
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=open(home.parent / "server.log", "ab"),

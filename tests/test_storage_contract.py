@@ -16,77 +16,21 @@ import inspect
 import itertools
 import random
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from storage_fixtures import Backend, Store
 
 from fermix.clock import now_ms
 from fermix.errors import ConflictError, InvalidInputError, WriteFailedError
 from fermix.model import AppendResult, ConversationKey, Message, NewMessage
-from fermix.storage import Database, Reads, Writes
+from fermix.storage import Reads, Writes
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456", "thread-1")
-
-Store = Any
-"""A :class:`Database` or a ``PgDatabase``: the same port (checked by
-:func:`test_the_postgres_sessions_offer_the_sqlite_signatures`)."""
-
-
-@dataclass
-class Backend:
-    """One adapter under test: ``db`` open on a store; ``open()`` opens another instance on
-    the same store (another service, as far as the store can tell)."""
-
-    name: str
-    db: Store
-    open: Callable[[], Store]
-
-
-def _sqlite(tmp_path: Path) -> Backend:
-    path = tmp_path / "memory.db"
-    return Backend("sqlite", Database(path), lambda: Database(path))
-
-
-def _postgres(url: str) -> Backend:
-    from fermix.storage.pg import PgDatabase
-
-    return Backend("postgres", PgDatabase(url), lambda: PgDatabase(url))
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    """Each adapter in turn, open on an empty store."""
-    if request.param == "sqlite":
-        made = _sqlite(tmp_path)
-    else:
-        made = _postgres(request.getfixturevalue("postgres_db"))
-    opened = [made.db]
-    opener = made.open
-
-    def open_another() -> Store:
-        db = opener()
-        opened.append(db)
-        return db
-
-    made.open = open_another
-    try:
-        yield made
-    finally:
-        for db in reversed(opened):
-            db.close()
-
-
-@pytest.fixture
-def storage(backend: Backend) -> Store:
-    """The port of each adapter in turn, on an empty store."""
-    return backend.db
-
 
 # -- helpers -----------------------------------------------------------------------------
 
@@ -529,17 +473,6 @@ def _hits(db: Store, query: str, scope: dict[str, Any], limit: int = 10) -> list
     return [
         (h.message.key, h.message.owner_id, h.message.role, h.message.content, h.rank) for h in hits
     ]
-
-
-@pytest.fixture
-def both(tmp_path: Path, postgres_db: str) -> Iterator[tuple[Store, Store]]:
-    """SQLite and PostgreSQL side by side, each on an empty store."""
-    sqlite, pg = _sqlite(tmp_path), _postgres(postgres_db)
-    try:
-        yield sqlite.db, pg.db
-    finally:
-        pg.db.close()
-        sqlite.db.close()
 
 
 def test_search_results_are_equal_on_both_adapters(both: tuple[Store, Store]) -> None:

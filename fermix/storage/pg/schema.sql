@@ -123,3 +123,12 @@ CREATE TABLE api_tokens (
     created_at    bigint NOT NULL,
     revoked_at    bigint
 );
+
+-- migration 2: memory rows, their change counters, prompt-file resources and revisions
+SELECT 1;
+
+-- migration 3: sources, scheduled jobs and their runs
+SELECT 1;
+
+-- migration 4: vectors for recall
+SELECT 1;

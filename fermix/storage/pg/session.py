@@ -43,10 +43,20 @@ class PgReads(Reads):
     count_messages = Op(_messages.count)
     search_messages = Op(_messages.search)
 
+    # memory rows (pg/memories.py, pg/memory_relevance.py)
+
+    # sources, jobs and runs (pg/jobs.py)
+
+    # prompt-file resources and their revisions (pg/resources.py)
+
     # the memory server's bearer tokens (N2)
     token = Op(_tokens.get)
     token_by_secret = Op(_tokens.by_secret)
     tokens = Op(_tokens.list_tokens)
+
+    # health, for fermix doctor (pg/health.py)
+
+    # vectors for recall (pg/vectors.py)
 
 
 _KNOWN_ROWS = 4096
@@ -94,6 +104,16 @@ class PgWrites(PgReads, Writes):
     # messages
     insert_message = Op(_messages.insert)
 
+    # memory rows (pg/memories.py)
+
+    # sources, jobs and runs (pg/jobs.py)
+
+    # prompt-file revisions (pg/resources.py)
+
     # the memory server's bearer tokens (N2)
     insert_token = Op(_tokens.insert)
     revoke_token = Op(_tokens.revoke)
+
+    # health (pg/health.py)
+
+    # vectors for recall (pg/vectors.py)
