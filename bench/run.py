@@ -124,7 +124,7 @@ class Benchmark:
 
 # Every figure the report shows and every target, in one place. Targets come from the
 # issues: recall from 2 and 14, append from 3, prompt from 4, review from 5, compact from 6, the
-# CLI's start from 2 (item 7), the server from 13, search at scale from 14.
+# CLI's start from 2 (item 7), the server from 13, search at scale from 14, backends from 15.
 FIGURES: dict[str, Benchmark] = {
     "recall": Benchmark(
         "turn-level recall of history search on LoCoMo: hybrid (shipped) vs full-text",
@@ -477,6 +477,107 @@ FIGURES: dict[str, Benchmark] = {
             ),
         ),
         "600 requests a round instead of 6,000, 2 cold starts instead of 5",
+    ),
+    "backends": Benchmark(
+        "the storage port's two adapters: PostgreSQL (durable: fsync, synchronous_commit on)"
+        " against SQLite (fermix's settings: WAL, synchronous=NORMAL)",
+        (
+            Figure(
+                "sequential append p50 (µs)",
+                "append_seq_p50_us_pg",
+                "append_seq_p50_us_sqlite",
+                "SQLite",
+                ratio="append_p50_ratio",
+            ),
+            Figure(
+                "sequential append p50 (µs), durable baseline",
+                "append_seq_p50_us_pg",
+                "append_seq_p50_us_sqlite_full",
+                "SQLite, synchronous=FULL",
+                ratio="append_p50_ratio_vs_sqlite_full",
+            ),
+            Figure(
+                "sequential append p99 (µs)",
+                "append_seq_p99_us_pg",
+                "append_seq_p99_us_sqlite",
+                "SQLite",
+            ),
+            Figure(
+                "8 threads, 64 conversations (msg/s)",
+                "append_conc_msgs_s_pg",
+                "append_conc_msgs_s_sqlite",
+                "SQLite",
+                ratio="append_conc_rate_ratio",
+            ),
+            Figure(
+                "8 threads, 64 conversations, append p99 (µs)",
+                "append_conc_p99_us_pg",
+                "append_conc_p99_us_sqlite",
+                "SQLite",
+            ),
+            Figure(
+                "4 writer processes (msg/s)", "procs_msgs_s_pg_4", "procs_msgs_s_sqlite_4", "SQLite"
+            ),
+            Figure(
+                "writer processes, 4 over 1",
+                "process_scaling_pg",
+                "process_scaling_sqlite",
+                "SQLite, 4 over 1",
+                same_work=False,
+                target=Target(">=", 1.5, source="issue 15"),
+            ),
+            Figure(
+                "search p99, largest size over 20,000 (worse scope)",
+                "search_growth_pg",
+                "search_growth_sqlite",
+                "SQLite, the same",
+                same_work=False,
+                target=Target("<=", 2.0, source="issue 15"),
+            ),
+            Figure(
+                "one conversation's search p99 at the largest size (ms)",
+                "search_conversation_p99_ms_pg_largest",
+                "search_conversation_p99_ms_sqlite_largest",
+                "SQLite",
+            ),
+            Figure(
+                "owner-scope search p99 at the largest size (ms)",
+                "search_owner_p99_ms_pg_largest",
+                "search_owner_p99_ms_sqlite_largest",
+                "SQLite",
+            ),
+            Figure(
+                "searches with the same hits, same order, on both (share)",
+                "search_same_hits_share",
+            ),
+            Figure(
+                "bytes per message at the largest size",
+                "bytes_per_message_pg",
+                "bytes_per_message_sqlite",
+                "SQLite",
+                ratio="bytes_per_message_ratio",
+            ),
+            Figure(
+                "review, fermix's own work p50 (ms)",
+                "memory_review_own_ms_pg",
+                "memory_review_own_ms_sqlite",
+                "SQLite",
+                ratio="memory_review_own_ratio",
+                if_null="that backend could not run fermix.Memory: see memory_error_*",
+            ),
+            Figure(
+                "compaction, fermix's own work p50 (ms)",
+                "memory_compact_own_ms_pg",
+                "memory_compact_own_ms_sqlite",
+                "SQLite",
+                ratio="memory_compact_own_ratio",
+                if_null="that backend could not run fermix.Memory: see memory_error_*",
+            ),
+        ),
+        "1,000 and 2,000 appends instead of 5,000 and 20,000; 3 s per writer-process run, one"
+        " round, instead of 10 s and two; search at 20,000 and 100,000 messages with 100"
+        " questions, not 1,000,000 with 300 (the target is set on 1,000,000); 3 reviews and"
+        " compactions instead of 10",
     ),
     "doctor": Benchmark(
         "`fermix doctor` on a large home (no same-work baseline: its per-check times are in"

@@ -254,6 +254,42 @@ class EmbeddingConfig:
     batch_size: int = _key(32, _BATCH, "Rows embedded per background batch (Q2).")
 
 
+STORAGE_URL_ENV = "FERMIX_STORAGE_URL"
+"""Overrides ``[fermix_core.storage] url``: the place for a URL holding a password (B1)."""
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+PASSWORD_IN_URL = re.compile(r"://[^/?#]*:[^/?#]*@|[?&]password=", re.IGNORECASE)
+
+
+def _is_storage_url(value: object) -> bool:
+    if value == "":
+        return True  # as unset: memory.db in the home
+    return (
+        _is_text(value)
+        and value.startswith(POSTGRES_SCHEMES)
+        and PASSWORD_IN_URL.search(value) is None
+    )
+
+
+_STORAGE_URL = Rule(
+    f'"" (memory.db) or a postgresql:// URL without a password (that: {STORAGE_URL_ENV})',
+    _is_storage_url,
+    lambda v: v or None,
+    echo=False,
+)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """``[fermix_core.storage]``: SQLite in the home, or PostgreSQL shared by services (B1)."""
+
+    url: str | None = _key(
+        None,
+        _STORAGE_URL,
+        "PostgreSQL URL; unset: memory.db in the home (B1).",
+        "postgresql:///fermix",
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     """Every section of ``config.toml``; ``Config()`` is all defaults."""
@@ -266,6 +302,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     replica: ReplicaConfig = field(default_factory=ReplicaConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
 
     def trust_of(self, owner_id: str) -> str:
         """The trust of ``owner_id`` when none is given: ``operator`` only for an owner
@@ -282,6 +319,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "server": ServerConfig,
     "replica": ReplicaConfig,
     "embedding": EmbeddingConfig,
+    "storage": StorageConfig,
 }
 """Each ``[fermix_core.<name>]`` table and the dataclass it loads into (a field of Config)."""
 

@@ -380,3 +380,31 @@ END;
 CREATE TRIGGER memory_vectors_au AFTER UPDATE OF key, value ON memories BEGIN
     DELETE FROM memory_vectors WHERE memory_id = new.id;
 END;
+
+-- migration 9: conversations due for a review, found without a scan (issue 15, M7)
+-- review_due_at is since when a user message waits for a review (NULL: none waits). The
+-- insert of a user message sets it, if it is not set, in the update of the window's
+-- counter (migration 4's trigger, one statement as before); a review that catches up
+-- clears it, one that leaves part of the backlog keeps it (M5: due again at once). The
+-- sweep then reads the due conversations, oldest first, off a partial index, instead of
+-- joining every conversation with its messages. The same column and index as PostgreSQL's
+-- (fermix/storage/pg/schema.sql). Backfill: the oldest waiting user message's time.
+ALTER TABLE conversations ADD COLUMN review_due_at INTEGER;
+UPDATE conversations SET review_due_at = (
+    SELECT min(m.created_at) FROM messages AS m
+     WHERE m.agent_id = conversations.agent_id AND m.channel = conversations.channel
+       AND m.chat_id = conversations.chat_id AND m.thread_scope = conversations.thread_scope
+       AND m.role = 'user' AND m.id > conversations.last_reviewed_message_id
+);
+CREATE INDEX conversations_due ON conversations (review_due_at)
+    WHERE review_due_at IS NOT NULL;
+DROP TRIGGER messages_window_ai;
+CREATE TRIGGER messages_window_ai AFTER INSERT ON messages BEGIN
+    UPDATE conversations
+       SET window_version = window_version + 1,
+           review_due_at = CASE WHEN new.role = 'user'
+                                THEN coalesce(review_due_at, new.created_at)
+                                ELSE review_due_at END
+     WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
+       AND thread_scope = new.thread_scope;
+END;

@@ -344,11 +344,9 @@ def test_expired_claims_are_released_and_failures_recorded(storage: Store) -> No
 
 
 def test_the_due_review_sweep_claims_each_conversation_once(backend: Backend) -> None:
-    """PostgreSQL's sweep claim (``FOR UPDATE SKIP LOCKED``): concurrent sweeps of several
-    services never claim a conversation twice, and one reviewed stays due only while user
-    messages wait. Not on the SQLite port yet (docs/postgres.md: ``due_reviews``)."""
-    if backend.name == "sqlite":
-        pytest.skip("the due-review sweep claim is PostgreSQL-only in this slice")
+    """The sweep's claim (M7, B2; PostgreSQL: ``FOR UPDATE SKIP LOCKED``, SQLite: its one
+    writer): concurrent sweeps of several services never claim a conversation twice, and
+    one reviewed stays due only while user messages wait (M5)."""
     keys = [ConversationKey("agent", "tg", str(i)) for i in range(20)]
     for key in keys:
         append(backend.db, "hello", key=key)

@@ -6,7 +6,8 @@ over an existing database unless ``--force``, which moves the old files aside
 (``memory.db.before-restore-<time>``, with its ``-wal`` and ``-shm``) and never deletes
 them. The replica is first restored into a private folder beside the target, opened with
 fermix's own migrations check and made owner-only; only then does it take the target's
-place, so a failed restore leaves the old database where it was.
+place, so a failed restore leaves the old database where it was. A home whose memory is in
+PostgreSQL has no Litestream replica: the command is refused, naming PostgreSQL's own tools.
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ class Restored:
 
 def cmd_restore(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix restore --from-replica [--to PATH] [--force]``."""
-    config = load_config(ctx.home.config_path).replica
+    loaded = load_config(ctx.home.config_path)
+    replica.refuse_postgres(loaded, "fermix restore --from-replica")
+    config = loaded.replica
     if config.url is None:
         raise InvalidInputError(
             "no replica is configured: set [fermix_core.replica] url in "

@@ -130,6 +130,8 @@ def status_rows(data: dict[str, Any], *, now: float) -> list[tuple[str, object]]
         rows.append(("address", data["url"]))
     if data.get("home"):
         rows.append(("home", data["home"]))
+    if data.get("storage"):
+        rows.append(("storage", data["storage"]))
     if "live_conversations" in data:
         rows.append(("live conversations", data["live_conversations"]))
     if "passivated" in data:

@@ -23,12 +23,14 @@ was recorded, every vector is dropped and computed again in the background. If a
 process records a different model later, this one stops embedding and its searches use no
 vectors (the last process started wins, and ``fermix doctor`` reports the mismatch).
 
-A search finds its process's indexer by the database file (:func:`active`); without one
-(embedding off, or a plain storage session) search is full-text only.
+A search finds its process's indexer by its store (:func:`active`: the file, or the
+PostgreSQL database without its password); without one (embedding off, or a plain storage
+session) search is full-text only.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -319,32 +321,45 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _path(db: Storage) -> str:
+@functools.lru_cache(maxsize=64)
+def _store(name: str) -> str:
+    """One registry key per store, however it was named: a file's real path (the name
+    SQLite gives its own file, symbolic links resolved), a URL as it is."""
+    return os.path.realpath(name) if os.path.isabs(name) else name
+
+
+def _names(db: Storage) -> set[str]:
+    """The names a search may give ``db``'s store: its port's ``key``, and its sessions'
+    ``database_file``, which may spell the same store otherwise (SQLite resolves links;
+    PostgreSQL names the database from the connection, the key from the URL)."""
     with db.read() as reads:
-        return reads.database_file()
+        return {_store(db.key), _store(reads.database_file())}
 
 
 def register(db: Storage, indexer: Indexer) -> None:
-    """Make ``indexer`` serve the searches of ``db``'s file in this process."""
-    path = _path(db)
+    """Make ``indexer`` serve the searches of the store ``db`` opens."""
+    names = _names(db)
     with _ACTIVE_LOCK:
-        _ACTIVE.setdefault(path, []).append(indexer)
+        for name in names:
+            _ACTIVE.setdefault(name, []).append(indexer)
 
 
 def unregister(db: Storage, indexer: Indexer) -> None:
     """Stop ``indexer`` serving searches."""
     with _ACTIVE_LOCK:
-        for path, found in list(_ACTIVE.items()):
+        for key, found in list(_ACTIVE.items()):
             if indexer in found:
                 found.remove(indexer)
             if not found:
-                del _ACTIVE[path]
+                del _ACTIVE[key]
 
 
 def active(reads: Reads) -> Indexer | None:
-    """The running indexer of the database ``reads`` reads, if this process has one."""
+    """The running indexer of the store ``reads`` reads, if this process has one (found
+    by the session's ``database_file``)."""
     if not _ACTIVE:
         return None
+    key = _store(reads.database_file())
     with _ACTIVE_LOCK:
-        found = _ACTIVE.get(reads.database_file())
+        found = _ACTIVE.get(key)
         return found[-1] if found else None

@@ -52,11 +52,11 @@ from fermix.runtime.embedding import Indexer
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
-from fermix.runtime.reviewing import Reviewing
+from fermix.runtime.reviewing import SWEEP_CLAIMS_PER_WORKER, Reviewing
 from fermix.runtime.timer import Timer
 from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
-from fermix.storage import Database
+from fermix.storage import Storage, open_storage
 from fermix.supervision.restarts import Intensity, Restart
 from fermix.supervisor import ChildSpec, Supervisor
 
@@ -112,7 +112,8 @@ class Runtime:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open the database (migrating it) and start the actor tree.
+        """Open the store ``[fermix_core.storage]`` chooses (migrating it) and start the
+        actor tree.
 
         If the tree fails to start, the database is closed again before the error
         propagates: nothing is left open.
@@ -121,7 +122,7 @@ class Runtime:
             if self._started:
                 return
             files.make_private_dir(self.home.root)
-            self.db = Database(self.home.db_path, vfs=self._vfs)
+            self.db: Storage = open_storage(self.home, self.config, vfs=self._vfs)
             try:
                 self._start_tree()
             except BaseException:
@@ -351,18 +352,28 @@ class Runtime:
     # -- the sweep (E1, M7) --------------------------------------------------------------
 
     def tick(self) -> int:
-        """Sweep once now: dispatch a review of every due conversation that has none pending
-        in this process; returns how many were dispatched. The :attr:`timer` calls
-        it every ``sweep_interval_s``, counting from the last sweep, whoever ran it."""
+        """Sweep once now: claim due conversations and dispatch a review of each that has
+        none pending in this process; returns how many were dispatched. The :attr:`timer`
+        calls it every ``sweep_interval_s``, counting from the last sweep, whoever ran it.
+
+        The claim is one write over the store (M7, B2): the sweeps of other processes, on
+        this machine or others, never claim the same conversations. It takes no more than
+        the reviewers can start well before the claims expire (:data:`SWEEP_CLAIMS_PER_WORKER`
+        each, less what they have pending); the rest stays due for the next sweep, here or
+        in another process. A claim no review here takes goes back at once.
+        """
         self.check_running()
         self.timer.ran("sweep")
+        room = SWEEP_CLAIMS_PER_WORKER * len(self.reviewers.ids) - sum(self.reviewers.pending())
         sent = 0
-        for key in self.reviewing.due():
+        for key in self.reviewing.claim_due(room):
             try:
                 if self.reviewers.tell(key, Review(key), unless_pending=True):
                     sent += 1
+                    continue
             except (FermixError, pykka.ActorDeadError) as exc:
                 log.error("could not dispatch the review of %s: %s", key, exc)
+            self.reviewing.release(key)
         return sent
 
     def _passivate(self) -> bool:

@@ -10,6 +10,12 @@ older rendering. A fault that can pass is retried; one that persists is a
 :class:`~fermix.errors.WriteFailedError`, and :meth:`PromptFiles.repair` renders the files
 again later.
 
+On a shared store (PostgreSQL, B2) the stored revisions are the files: a compose serves
+the pair's current revisions (:mod:`~fermix.runtime.stored_files`), so every service
+composes the same prompt, and a rebuild takes the pair's lock in the store
+(``Writes.lock_owner``) before it renders, inside its write unit, so a revision never goes
+back to older rows whichever service records it.
+
 A shared row renders for every owner of its agent. After a review writes one, the
 conversation's own owner (and the agent's default owner ``""``) are rebuilt at once and
 every other owner later (M6, :meth:`PromptFiles.rebuild_for_rows` with ``defer_shared``):
@@ -35,6 +41,9 @@ from fermix.home import Home
 from fermix.model import MemoryRow, Revision, check_resource_name
 from fermix.runtime import files
 from fermix.runtime.deferred import DeferredRebuilds, Pair, has_files, read_mark
+from fermix.runtime.rendering import load_rows as load_rows  # still offered here
+from fermix.runtime.rendering import render_pair as render_pair
+from fermix.runtime.stored_files import StoredRevisions
 from fermix.storage import Reads, Storage, Writes
 
 log = logging.getLogger(__name__)
@@ -78,35 +87,6 @@ class RebuildResult:
         return any(f.written or f.revision is not None for f in self.files)
 
 
-def load_rows(reads: Reads, agent_id: str, owner_id: str = "") -> list[MemoryRow]:
-    """The rows that may render for ``agent_id`` and ``owner_id``: each section's newest.
-
-    Each :func:`~fermix.core.categories.render_queries` filter is read with its section's
-    cap as the limit; when rows that show nothing (no ``promote_target``, or a value of
-    invisible characters only) crowd the first page, the limit grows until the section is
-    full or the rows run out.
-    """
-    picked: list[MemoryRow] = []
-    for query in categories.render_queries(agent_id, owner_id):
-        cap = render.file_spec(query.target).cap(query.category)
-        limit = cap
-        while True:
-            rows = reads.rows(**query.filters(), limit=limit)
-            fits = [r for r in rows if categories.renders(r, agent_id=agent_id, owner_id=owner_id)]
-            shown = sum(1 for r in fits if render.render_value(r.value))
-            if shown >= cap or len(rows) < limit:
-                break
-            limit *= 4
-        picked += fits
-    return picked
-
-
-def render_pair(reads: Reads, agent_id: str, owner_id: str) -> RenderedFiles:
-    """USER.md and MEMORY.md of ``agent_id`` for ``owner_id``, rendered from the rows now."""
-    rows = load_rows(reads, agent_id, owner_id)
-    return render.render_files(rows, agent_id=agent_id, owner_id=owner_id)
-
-
 class PromptFiles(DeferredRebuilds):
     """The prompt files of one home, rebuilt through the process's one writer."""
 
@@ -123,6 +103,8 @@ class PromptFiles(DeferredRebuilds):
         self._running = 0
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
+        self._stored = StoredRevisions() if db.shared else None
+        """On a shared store, the revisions served (B2); None: the files on disk are."""
 
     # -- reading ----------------------------------------------------------------------
 
@@ -135,8 +117,11 @@ class PromptFiles(DeferredRebuilds):
         queued here is rebuilt now; when another process queued rebuilds of this agent
         (its marker changed), the files are checked against the rows and rebuilt if they
         lag (M6). Otherwise the files are read through the cache, with no database read.
+        On a shared store, the pair's current revisions are served instead (B2).
         """
         files.check_ids(agent_id, owner_id)
+        if self._stored is not None:
+            return self._stored_texts(agent_id, owner_id, self._stored)
         mark = read_mark(files.prompt_dir(self.home, agent_id))
         pair = (agent_id, owner_id)
         with self._state:
@@ -154,6 +139,27 @@ class PromptFiles(DeferredRebuilds):
             self._seen[pair] = mark
         return self._cache.texts(self.home, agent_id, owner_id)
 
+    def _stored_texts(
+        self, agent_id: str, owner_id: str, stored: StoredRevisions
+    ) -> tuple[str, str]:
+        """:meth:`texts` on a shared store: the pair's current revisions, one read by key
+        (B2). An owner no service has rendered yet is rendered first, as on SQLite."""
+        pair = (agent_id, owner_id)
+        with self._state:
+            reason = self._later.pop(pair, None)
+            seen = pair in self._seen
+        if reason is not None:
+            self._rebuild_queued(pair, reason)
+        with self._db.read() as reads:
+            user, memory = stored.current(reads, agent_id, owner_id)
+        with self._state:
+            self._seen[pair] = None
+        if not seen and user[0] == memory[0] == 0:
+            rebuilt = self.rebuild(agent_id, owner_id)
+            return rebuilt.user_md.content, rebuilt.memory_md.content
+        stored.follow_on_disk(self.home, self._locks, pair, (user, memory))
+        return user[1], memory[1]
+
     def _pair_lags(self, agent_id: str, owner_id: str) -> bool:
         with self._db.read() as reads:
             return self._lags(reads, agent_id, owner_id)
@@ -163,32 +169,38 @@ class PromptFiles(DeferredRebuilds):
     def rebuild(
         self, agent_id: str, owner_id: str = "", *, reason: str = "rebuild"
     ) -> RebuildResult:
-        """Render both prompt files of ``agent_id`` for ``owner_id`` from SQLite (C5, P2).
+        """Render both prompt files of ``agent_id`` for ``owner_id`` from the store (C5, P2).
 
         Rebuilding from unchanged rows changes neither the files nor the revisions; a file
         that was edited or rolled back on disk is written again with the rendered content.
         """
         folder = files.prompt_dir(self.home, agent_id, owner_id)
         with self._locks.hold(folder):
-            with self._db.read() as reads:
-                version = reads.memory_version()
-                rendered = render_pair(reads, agent_id, owner_id)
+            rendered: RenderedFiles | None = None
+            version = 0
+            if self._stored is None:  # SQLite: rendered outside the write lock
+                with self._db.read() as reads:
+                    version = reads.memory_version(agent_id, owner_id)
+                    rendered = render_pair(reads, agent_id, owner_id)
 
-            def record(writes: Writes) -> list[tuple[str, Revision | None]]:
-                # Rows changed since the render: render again, where nothing can change.
+            def record(writes: Writes) -> list[tuple[str, Revision | None, int]]:
+                # First the pair's lock: on a shared store each statement after it sees
+                # every commit made before it, so this rendering is never older than the
+                # revision recorded last, by any service (SQLite: its one writer).
+                writes.lock_owner(agent_id, owner_id)
                 texts = rendered
-                if writes.memory_version() != version:
+                if texts is None or writes.memory_version(agent_id, owner_id) != version:
                     texts = render_pair(writes, agent_id, owner_id)
                 return [
-                    (text, _record(writes, agent_id, owner_id, spec, text, reason))
+                    (text, *_record(writes, agent_id, owner_id, spec, text, reason))
                     for spec, text in zip(FILES, texts, strict=True)
                 ]
 
             recorded = self._db.write(record, label=f"prompt files of {agent_id}")
             # Written after the commit, outside the database's write lock (M6).
             user, memory = (
-                self._replace(folder / spec.filename, spec.name, text, revision)
-                for spec, (text, revision) in zip(FILES, recorded, strict=True)
+                self._replace_current((agent_id, owner_id), spec, text, revision, number)
+                for spec, (text, revision, number) in zip(FILES, recorded, strict=True)
             )
         return RebuildResult(agent_id, owner_id, user, memory)
 
@@ -268,13 +280,14 @@ class PromptFiles(DeferredRebuilds):
         spec = render.file_spec(check_resource_name(name))
         with self._locks.hold(folder):
 
-            def record(writes: Writes) -> tuple[str, Revision | None]:
+            def record(writes: Writes) -> tuple[str, Revision | None, int]:
+                writes.lock_owner(agent_id, owner_id)  # one rebuild or rollback at a time
                 old = writes.revision(agent_id, spec.name, revision, owner_id=owner_id)
                 reason = f"rollback:{revision}"
-                return old.content, _record(writes, agent_id, owner_id, spec, old.content, reason)
+                return old.content, *_record(writes, agent_id, owner_id, spec, old.content, reason)
 
-            content, recorded = self._db.write(record, label=f"rollback of {agent_id}")
-            return self._replace(folder / spec.filename, spec.name, content, recorded)
+            content, recorded, number = self._db.write(record, label=f"rollback of {agent_id}")
+            return self._replace_current((agent_id, owner_id), spec, content, recorded, number)
 
     # -- staleness and repair ---------------------------------------------------------
 
@@ -296,14 +309,15 @@ class PromptFiles(DeferredRebuilds):
     def _lags(self, reads: Reads, agent_id: str, owner_id: str) -> bool:
         folder = files.prompt_dir(self.home, agent_id, owner_id)
         rendered = render_pair(reads, agent_id, owner_id)
-        return any(
-            render.file_lags(
-                text,
-                reads.current_revision(agent_id, spec.name, owner_id=owner_id),
-                files.read_bytes(folder / spec.filename),
-            )
-            for spec, text in zip(FILES, rendered, strict=True)
-        )
+        for spec, text in zip(FILES, rendered, strict=True):
+            current = reads.current_revision(agent_id, spec.name, owner_id=owner_id)
+            if self._stored is None:
+                on_disk = files.read_bytes(folder / spec.filename)
+            else:  # the files on disk are a cache: the stored revision is the file
+                on_disk = None if current is None else current.content.encode("utf-8")
+            if render.file_lags(text, current, on_disk):
+                return True
+        return False
 
     def repair(self, *, agent_id: str | None = None, reason: str = "repair") -> list[RebuildResult]:
         """Rebuild every pair :meth:`stale` finds (of one agent when given).
@@ -322,6 +336,18 @@ class PromptFiles(DeferredRebuilds):
         return files.remove_orphan_temp_files(self.home)
 
     # -- files on disk ----------------------------------------------------------------
+
+    def _replace_current(
+        self, pair: Pair, spec: FileSpec, content: str, revision: Revision | None, number: int
+    ) -> FileResult:
+        """:meth:`_replace` of the file ``spec`` of ``pair`` with ``content``, its current
+        revision ``number`` (on a shared store, remembered as the one to serve)."""
+        path = files.prompt_dir(self.home, *pair) / spec.filename
+        result = self._replace(path, spec.name, content, revision)
+        if self._stored is not None:
+            self._stored.remember(*pair, spec.name, number, content)
+            self._stored.wrote(path, number)
+        return result
 
     def _replace(
         self, path: Path, name: str, content: str, revision: Revision | None
@@ -351,12 +377,17 @@ class PromptFiles(DeferredRebuilds):
 
 def _record(
     writes: Writes, agent_id: str, owner_id: str, spec: FileSpec, content: str, reason: str
-) -> Revision | None:
-    """Record ``content`` as the next revision of ``spec`` unless nothing would change."""
+) -> tuple[Revision | None, int]:
+    """Record ``content`` as the next revision of ``spec`` unless nothing would change;
+    the revision recorded (None: none) and the number of the current one then (0: none)."""
     latest = writes.current_revision(agent_id, spec.name, owner_id=owner_id)
+    number = 0 if latest is None else latest.revision
     if latest is None and content == "":
-        return None
-    return writes.record_revision(agent_id, spec.name, content, reason=reason, owner_id=owner_id)
+        return None, number
+    recorded = writes.record_revision(
+        agent_id, spec.name, content, reason=reason, owner_id=owner_id
+    )
+    return recorded, number if recorded is None else recorded.revision
 
 
 def _as_live(row: MemoryRow) -> MemoryRow:

@@ -49,7 +49,7 @@ from fermix.runtime.jobs import check_caller
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads, Storage, Writes
 from fermix.storage.fts import CANDIDATES
-from fermix.storage.vectors import conversation_scope, memory_scope
+from fermix.storage.vectors import MAX_SCOPE_ROWS, conversation_scope, memory_scope
 
 MIN_COSINE = 0.2
 """How close to the query a row's vector must be for a row full-text search did not find
@@ -185,22 +185,38 @@ def search_history(
     limit: int = 10,
     min_cosine: float | None = MIN_COSINE,
     weights: fusion.Weights = fusion.DEFAULT,
+    max_rows: int = MAX_SCOPE_ROWS,
 ) -> list[SearchHit]:
     """Messages of the scope matching ``text``, best first: full-text and vector search
     fused (Q3) when the scope has vectors, else full-text only. A hit's ``rank`` is minus
-    its score (lower is better). Only the scope's own rows and vectors are read (Q4)."""
+    its score (lower is better). Only the scope's own rows and vectors are read (Q4).
+
+    A scope of more than ``max_rows`` messages is not read whole: where the store has an
+    approximate index (PostgreSQL with pgvector), its nearest rows and the full-text
+    candidates are fused instead; elsewhere it is searched by full text only."""
     scope: dict[str, Any] = {"key": key, "agent_id": agent_id, "owner_id": owner_id}
     indexer = embedding.active(reads)
     if indexer is None or limit <= 0:
         return reads.search_messages(text, **scope, limit=limit)
     # The best `limit` full-text hits whole, the ids and ranks of all the candidates.
     lexical = reads.search_messages(text, **scope, limit=limit, ranked=max(CANDIDATES, limit))
-    rows = reads.scope_vectors(**scope)
+    rows = reads.scope_vectors(**scope, limit=max_rows)
+    query = None
+    if rows is None:
+        # Too large to read whole: the words weighted by this conversation's counts alone
+        # (an owner's every conversation would be as large a read as the rows).
+        query = indexer.query(reads, text, [conversation_scope(key)] if key else [])
+        if query is None:
+            return list(lexical)
+        rows = reads.nearest_messages(query.tolist(), **scope, include=lexical.ids)
+        if rows and indexer.embedder.counts_tokens:
+            query = None  # weighted again below by the conversations the rows come from
     if not rows or all(vector is None for vector in rows.vectors):
         return list(lexical)
-    query = indexer.query(
-        reads, text, [conversation_scope(ConversationKey(*c)) for c in rows.conversations]
-    )
+    if query is None:
+        query = indexer.query(
+            reads, text, [conversation_scope(ConversationKey(*c)) for c in rows.conversations]
+        )
     if query is None:
         return list(lexical)
     vectors, present = from_blobs(rows.vectors, len(query))

@@ -1,11 +1,13 @@
 """``Reviewing``: the background memory review ("dreaming") as a use case (E1-E6, E10, SC3).
 
-One :meth:`Reviewing.review` goes from gate to prompt files: the gate, a claim in SQLite
-(checked again under the write lock), the oldest unreviewed user messages that fit one
-review (M5) and the rows this review may touch that fit its budget (M6), one model call,
-parse, admission, then one write unit that applies the admitted operations, moves the
-cursor past the messages shown and finishes the claim, after which the writer rebuilds the
-prompt files of this conversation's owner (every other owner's later, M6). The rules are in
+One :meth:`Reviewing.review` goes from gate to prompt files: the gate, a claim in the store
+(checked again in the write unit; a claim the sweep took, :meth:`Reviewing.claim_due`, is
+taken over with its token: one claim protocol for every process and service, B2), the
+oldest unreviewed user messages that fit one review (M5) and the rows this review may touch
+that fit its budget (M6), one model call, parse, admission, then one write unit that
+applies the admitted operations, moves the cursor past the messages shown and finishes the
+claim, after which the writer rebuilds the prompt files of this conversation's owner (every
+other owner's later, M6). The rules are in
 :mod:`fermix.core.review`, ``review_answer`` and ``review_admission``; storage is reached
 only through read and write sessions. The :class:`~fermix.actors.reviewer.Reviewer` actor
 runs reviews one at a time off the host's path; ``fermix memory review --now`` calls the
@@ -16,6 +18,8 @@ its admitted operations written by :mod:`~fermix.runtime.review_apply`.
 from __future__ import annotations
 
 import logging
+import math
+import threading
 import uuid
 from collections.abc import Callable
 
@@ -35,6 +39,9 @@ log = logging.getLogger(__name__)
 
 AGENT_TAG = "memory_reviewer"
 """How the review's model calls are tagged in litellm's metadata and the ``fermix.llm`` log."""
+SWEEP_CLAIMS_PER_WORKER = 8
+"""Due conversations one sweep claims at most per Reviewer: at one model timeout (60 s)
+each, all start before their claims expire (``CLAIM_TTL_MS``, 10 min)."""
 
 
 class Reviewing:
@@ -58,6 +65,9 @@ class Reviewing:
         """Whether a shared row's other owners get their files later (M6; False: at once)."""
         self.route = route if route is not None else llm.Route.from_config(config.model)
         """The agent's route: the configured primary and fallbacks (E4)."""
+        self._swept: dict[ConversationKey, str] = {}
+        """Claims the sweep took (:meth:`claim_due`) that no review has taken yet."""
+        self._swept_lock = threading.Lock()
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -73,29 +83,59 @@ class Reviewing:
     # -- the sweep (E1) ------------------------------------------------------------------
 
     def due(self) -> list[ConversationKey]:
-        """Conversations with new user messages whose review interval has passed.
+        """Conversations whose review the sweep would claim now, oldest due first (claims
+        nothing): a user message waits, the review interval has passed, and no backoff nor
+        live claim holds them.
 
         A conversation whose last review left part of its backlog is due at once: that
         review kept its last complete review's time (M5, see :meth:`_finish`).
         """
+        gates = self._sweep_gates()
+        if gates is None:
+            return []
+        with self._db.read() as reads:
+            return reads.due_reviews(**gates)
+
+    def claim_due(self, limit: int) -> list[ConversationKey]:
+        """Claim up to ``limit`` due conversations for this process's reviews (the sweep,
+        M7, B2): in one write, so no other process's sweep claims them too. Each claim
+        passes to the next review of its conversation here (:meth:`review`); one that no
+        review takes goes back with :meth:`release`. None without a model (M8)."""
+        gates = self._sweep_gates()
+        if gates is None or self.route.primary is None or limit < 1:
+            return []
+        token = uuid.uuid4().hex
+        keys = self._writer.write(
+            lambda writes: writes.claim_due_reviews(
+                token=token, ttl_ms=CLAIM_TTL_MS, limit=limit, **gates
+            ),
+            label="review sweep",
+        )
+        with self._swept_lock:
+            self._swept.update(dict.fromkeys(keys, token))
+        return keys
+
+    def release(self, key: ConversationKey) -> bool:
+        """Give back the sweep's claim of ``key`` unless a review took it already (its
+        dispatch failed, or a review of it was pending); True if it was still here. The
+        conversation stays due while user messages wait."""
+        with self._swept_lock:
+            token = self._swept.pop(key, None)
+        self._give_back(key, token)
+        return token is not None
+
+    def _sweep_gates(self) -> dict[str, int] | None:
+        """The gates of a sweep at this moment, as the storage filters take them (None:
+        background reviews are off, E2)."""
         cfg = self._config.memory
         if cfg.review_interval_hours == 0:
-            return []
-        now = self._clock()
-        with self._db.read() as reads:
-            pending = reads.with_new_user_messages()
-        return [
-            state.key
-            for state, _count in pending
-            if review.gate(
-                state,
-                now_ms=now,
-                interval_hours=cfg.review_interval_hours,
-                backoff_ms=cfg.review_failure_backoff_ms,
-                newest_user_message_id=state.last_reviewed_message_id + 1,
-            )
-            is None
-        ]
+            return None
+        return {
+            "now": self._clock(),
+            # gate(): due once now - last_reviewed_at >= the interval, in whole ms
+            "interval_ms": math.ceil(cfg.review_interval_hours * 3_600_000),
+            "backoff_ms": cfg.review_failure_backoff_ms,
+        }
 
     # -- one review ----------------------------------------------------------------------
 
@@ -133,6 +173,8 @@ class Reviewing:
         user message it could take."""
         cfg = self._config.memory
         now = self._clock()
+        with self._swept_lock:
+            swept = self._swept.pop(key, None)  # the sweep's claim, taken over here
         with self._db.read() as reads:
             state = reads.conversation(key)
             newest = reads.newest_user_message_id(key)
@@ -146,19 +188,23 @@ class Reviewing:
             newest_user_message_id=newest,
             force=force,
         )
-        if skip is not None or state is None:
-            return ReviewResult(key, "skipped", skip=skip or Skip.NO_NEW_MESSAGES), newest
         if self.route.primary is None:
             # No model configured: the start of the process said so once (M8); a review the
             # gates would run is skipped, neither failed nor put into its backoff.
-            return ReviewResult(key, "skipped", skip=Skip.NO_MODEL), newest
-        token = uuid.uuid4().hex
+            skip = skip or Skip.NO_MODEL
+        if skip is not None or state is None:
+            self._give_back(key, swept)
+            return ReviewResult(key, "skipped", skip=skip or Skip.NO_NEW_MESSAGES), newest
+        token = swept or uuid.uuid4().hex
 
         def claim(writes: Writes) -> Skip | None:
             # Checked again under the write lock: another process may have just reviewed.
             fresh = writes.conversation(key)
             if fresh is None or fresh.last_reviewed_message_id >= newest:
+                if swept is not None:
+                    writes.release_review(key, token=swept)
                 return Skip.NO_NEW_MESSAGES
+            # One claim protocol: a token the sweep claimed with is taken again here.
             if writes.claim_review(key, token=token, now=now, ttl_ms=CLAIM_TTL_MS):
                 return None
             return Skip.CLAIMED
@@ -307,6 +353,19 @@ class Reviewing:
             raise FermixError("the review claim expired before the review finished")
         if not caught_up and before is not None:
             writes.update_conversation(key, last_reviewed_at=before.last_reviewed_at)
+
+    def _give_back(self, key: ConversationKey, swept: str | None) -> None:
+        """Release the sweep's claim ``swept`` of a review that did not run (logged if that
+        fails: the claim then expires)."""
+        if swept is None:
+            return
+        try:
+            self._writer.write(
+                lambda writes: writes.release_review(key, token=swept),
+                label=f"review release {key.scope_id}",
+            )
+        except FermixError:
+            log.exception("could not release the sweep's claim of %s", key.scope_id)
 
     def _record_failure(self, key: ConversationKey, token: str) -> None:
         """Start the failure backoff and release the claim; logged if that fails too."""

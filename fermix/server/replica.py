@@ -3,7 +3,8 @@
 One disk is one failure away from losing every conversation, so a server whose
 ``[fermix_core.replica] url`` is set runs ``litestream replicate`` as a child process: it
 ships each WAL commit to the replica (a folder, S3...) as LTX files, and
-``fermix restore --from-replica`` rebuilds the database from them.
+``fermix restore --from-replica`` rebuilds the database from them. Both are SQLite's
+alone: with a PostgreSQL storage URL they are refused (:func:`refuse_postgres`).
 
 **What Litestream asks of fermix.** It opens ``memory.db`` as one more SQLite client, holds
 a long read transaction so no checkpoint resets the WAL past what it has copied, and takes
@@ -43,9 +44,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fermix.config import ReplicaConfig
+from fermix.config import Config, ReplicaConfig
 from fermix.errors import ServiceError
 from fermix.home import Home, make_private_dir, set_private_file_mode
+from fermix.storage.opening import storage_url, without_password
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,18 @@ START_TIMEOUT_S = 15.0
 """How long Litestream may take to load its config, open the replica and listen."""
 SOCKET_PATH_MAX = 100
 """Longest control-socket path used in the home (``sun_path`` holds 104 to 108 bytes)."""
+
+
+def refuse_postgres(config: Config, what: str) -> None:
+    """Refuse ``what`` when the memory is in PostgreSQL (B1): Litestream copies and restores
+    ``memory.db``, a SQLite file, and such a home keeps none of its memory in one."""
+    url = storage_url(config)
+    if url is not None:
+        raise ServiceError(
+            f"{what} is for memory.db (SQLite, through Litestream), but this home's memory is"
+            f" in PostgreSQL ({without_password(url)}): back that database up and restore it"
+            " with PostgreSQL's own tools (pg_basebackup and WAL archiving, or pg_dump)"
+        )
 
 
 def litestream_binary(config: ReplicaConfig) -> str:

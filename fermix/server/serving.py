@@ -6,8 +6,9 @@ with the same bearer tokens.
 :func:`serve` runs in the process ``fermix supervisor start`` made (or in the foreground):
 it opens the home's ``Memory`` (the database, the write path, the supervised actor tree,
 the review sweep), serves the HTTP API with uvicorn on 127.0.0.1 (or a Unix socket),
-starts Litestream when a replica is configured (N9), and writes ``server.json`` (url, pid,
-start time; owner-only) for clients and ``fermix supervisor status``. SIGTERM or SIGINT
+starts Litestream when a replica is configured (N9; refused when the memory is in
+PostgreSQL, B1), and writes ``server.json`` (url, pid, start time; owner-only) for clients
+and ``fermix supervisor status``, whose document names the store. SIGTERM or SIGINT
 stops it gracefully: uvicorn stops taking requests and finishes those under way, then the
 memory closes (queued writes finish first) and the files are removed.
 """
@@ -38,7 +39,8 @@ from fermix.server import service
 from fermix.server.http.app import create_app
 from fermix.server.http.metrics import Metrics
 from fermix.server.mcp_http import http_app
-from fermix.server.replica import Replica
+from fermix.server.replica import Replica, refuse_postgres
+from fermix.storage.opening import describe
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,8 @@ def serve(
     listen = Listen.of(
         config.server, host=host, port=port, socket=socket, allow_public=allow_public
     )
+    if config.replica.url is not None:  # before anything starts: no Litestream on PostgreSQL
+        refuse_postgres(config, "replication ([fermix_core.replica] url)")
     paths = service.ServicePaths.of(home)
     make_private_dir(home.root)
     service.claim_pid_file(paths)
@@ -169,6 +173,7 @@ def serve(
         for sig in (signal.SIGTERM, signal.SIGINT)
     }
     started_at = time.time()
+    storage = describe(home, config)  # a PostgreSQL URL without its password
     metrics = Metrics()
     memory = Memory(home, config=config)
     status_server: service.StatusServer | None = None
@@ -183,6 +188,7 @@ def serve(
                 "pid": os.getpid(),
                 "started_at": started_at,
                 "home": str(home.root),
+                "storage": storage,
                 "url": address.get("url"),
                 **memory.stats(),
                 "failure": None if memory.failure is None else str(memory.failure),

@@ -2,7 +2,8 @@
 
 One row per conversation key: who owns it and at what trust, which stored messages form its
 window (everything after ``window_after_id``, behind an optional checkpoint message), and
-the gates of the reviewer (E2) and the compactor (K3).
+the gates of the reviewer (E2) and the compactor (K3), with since when a review is due: the
+sweep's index (migration 9, :func:`claim_due_reviews`).
 """
 
 from __future__ import annotations
@@ -215,27 +216,139 @@ def review_backlog(
 def claim_review(
     conn: apsw.Connection, key: ConversationKey, *, token: str, now: int, ttl_ms: int
 ) -> bool:
-    """Take the review claim of ``key`` unless another live claim holds it (caller's transaction).
+    """Take the review claim of ``key`` unless another live claim holds it (caller's
+    transaction); True, the claim renewed, when ``token`` holds it already: a review takes
+    over so what the sweep claimed for it (:func:`claim_due_reviews`).
 
     A claim past its expiry (its reviewer crashed) is taken over (E2).
     """
     conn.execute(
         "UPDATE conversations SET review_claim_token = ?, review_claim_expires_at = ?"
-        f" WHERE {_WHERE_KEY} AND (review_claim_token IS NULL OR review_claim_expires_at <= ?)",
-        (token, now + ttl_ms, *key.as_tuple(), now),
+        f" WHERE {_WHERE_KEY} AND (review_claim_token IS NULL OR review_claim_token = ?"
+        " OR review_claim_expires_at <= ?)",
+        (token, now + ttl_ms, *key.as_tuple(), token, now),
     )
     return bool(conn.changes())
+
+
+_DUE = (
+    "review_due_at IS NOT NULL"
+    " AND (last_reviewed_at IS NULL OR last_reviewed_at <= ?)"
+    " AND (review_claim_token IS NULL OR review_claim_expires_at <= ?)"
+    " AND (review_failed_at IS NULL OR review_failed_at <= ?)"
+)
+"""The review gates of :func:`fermix.core.review.gate` as SQL: a user message waits, the
+interval since the last complete review and the failure backoff have passed, and no live
+claim holds the conversation. Its parameters are :func:`due_params`."""
+
+_DUE_ORDER = "review_due_at, agent_id, channel, chat_id, thread_scope"
+
+
+def due_params(*, now: int, interval_ms: int, backoff_ms: int) -> tuple[int, int, int]:
+    """The parameters of :data:`_DUE` at ``now``."""
+    return (now - interval_ms, now, now - backoff_ms)
+
+
+def due_reviews(
+    conn: apsw.Connection,
+    *,
+    now: int,
+    limit: int | None = None,
+    interval_ms: int = 0,
+    backoff_ms: int = 0,
+) -> list[ConversationKey]:
+    """The conversations :func:`claim_due_reviews` would claim at ``now``, oldest due
+    first (the first ``limit``); claims nothing. Read off the ``conversations_due`` index,
+    never by a scan of the messages (migration 9)."""
+    rows = fetch_rows(
+        conn,
+        f"SELECT agent_id, channel, chat_id, thread_scope FROM conversations WHERE {_DUE}"
+        f" ORDER BY {_DUE_ORDER} LIMIT ?",
+        (
+            *due_params(now=now, interval_ms=interval_ms, backoff_ms=backoff_ms),
+            -1 if limit is None else limit,
+        ),
+    )
+    return [ConversationKey(*row) for row in rows]
+
+
+def claim_due_reviews(
+    conn: apsw.Connection,
+    *,
+    token: str,
+    now: int,
+    ttl_ms: int,
+    limit: int,
+    interval_ms: int = 0,
+    backoff_ms: int = 0,
+) -> list[ConversationKey]:
+    """Claim up to ``limit`` conversations due for a review under ``token``, oldest due
+    first, none that another live claim holds, none reviewed less than ``interval_ms`` ago
+    nor failed less than ``backoff_ms`` ago; return their keys, sorted (caller's
+    transaction).
+
+    The sweep of every process claims this way, so no two claim one conversation; each
+    review then takes its claim with the same token (:func:`claim_review`).
+    """
+    rows = fetch_rows(
+        conn,
+        "UPDATE conversations SET review_claim_token = ?, review_claim_expires_at = ?"
+        " WHERE (agent_id, channel, chat_id, thread_scope) IN ("
+        " SELECT agent_id, channel, chat_id, thread_scope FROM conversations"
+        f" WHERE {_DUE} ORDER BY {_DUE_ORDER} LIMIT ?)"
+        " RETURNING agent_id, channel, chat_id, thread_scope",
+        (
+            token,
+            now + ttl_ms,
+            *due_params(now=now, interval_ms=interval_ms, backoff_ms=backoff_ms),
+            limit,
+        ),
+    )
+    return sorted(ConversationKey(*row) for row in rows)
+
+
+def _still_due(cursor: str) -> str:
+    """``review_due_at`` once the review cursor is ``cursor`` (an SQL expression): kept
+    while user messages after it wait (from the oldest of them if it was missing), NULL
+    when none does."""
+    backlog = (
+        " FROM messages AS m WHERE m.agent_id = conversations.agent_id"
+        " AND m.channel = conversations.channel AND m.chat_id = conversations.chat_id"
+        " AND m.thread_scope = conversations.thread_scope"
+        f" AND m.role = 'user' AND m.id > {cursor}"
+    )
+    return (
+        f"CASE WHEN EXISTS (SELECT 1{backlog})"
+        f" THEN coalesce(review_due_at, (SELECT min(m.created_at){backlog})) END"
+    )
 
 
 def finish_review(
     conn: apsw.Connection, key: ConversationKey, *, token: str, now: int, last_message_id: int
 ) -> bool:
-    """Record a successful review and release its claim; False if the claim was lost."""
+    """Record a successful review and release its claim; False if the claim was lost.
+
+    The conversation stays due while user messages after ``last_message_id`` wait (M5).
+    """
     conn.execute(
         "UPDATE conversations SET last_reviewed_at = ?, last_reviewed_message_id = ?,"
         " review_failed_at = NULL, review_claim_token = NULL, review_claim_expires_at = NULL,"
-        f" updated_at = ? WHERE {_WHERE_KEY} AND review_claim_token = ?",
-        (now, last_message_id, now, *key.as_tuple(), token),
+        f" updated_at = ?, review_due_at = {_still_due('?')}"
+        f" WHERE {_WHERE_KEY} AND review_claim_token = ?",
+        (now, last_message_id, now, last_message_id, last_message_id, *key.as_tuple(), token),
+    )
+    return bool(conn.changes())
+
+
+def release_review(conn: apsw.Connection, key: ConversationKey, *, token: str) -> bool:
+    """Give back the review claim ``token`` holds on ``key``, nothing reviewed (the sweep
+    claimed it and no review took it); False if ``token`` no longer holds it. The
+    conversation stays due while user messages after its cursor wait."""
+    conn.execute(
+        "UPDATE conversations SET review_claim_token = NULL, review_claim_expires_at = NULL,"
+        f" review_due_at = {_still_due('conversations.last_reviewed_message_id')}"
+        f" WHERE {_WHERE_KEY} AND review_claim_token = ?",
+        (*key.as_tuple(), token),
     )
     return bool(conn.changes())
 

@@ -144,3 +144,11 @@ def record(
         (number, ts, resource.id),
     )
     return Revision(resource.id, agent_id, owner_id, name, number, content, digest, reason, ts)
+
+
+def lock_owner(conn: apsw.Connection, agent_id: str, owner_id: str) -> None:
+    """Hold the lock of (``agent_id``, ``owner_id``) until the transaction ends: one unit at
+    a time per pair (a prompt-file rebuild). Nothing to take on SQLite, whose single writer
+    already runs one write transaction at a time; the ids are checked as on PostgreSQL."""
+    validate.identifier("agent_id", agent_id)
+    validate.identifier("owner_id", owner_id, allow_empty=True)

@@ -85,6 +85,7 @@ class Reads:
     newest_user_message_id = Op(_conversations.newest_user_message_id)
     with_new_user_messages = Op(_conversations.with_new_user_messages)
     review_backlog = Op(_conversations.review_backlog)
+    due_reviews = Op(_conversations.due_reviews)
 
     # messages
     message = Op(_messages.get)
@@ -136,6 +137,7 @@ class Reads:
     memories_to_embed = Op(_vectors.memories_to_embed)
     token_counts = Op(_vectors.token_counts)
     scope_vectors = Op(_vectors.scope_vectors)
+    nearest_messages = Op(_vectors.nearest_messages)  # None: no approximate index here
     memory_vectors = Op(_vectors.memory_vectors)
     vector_coverage = Op(_vectors.coverage)
     database_file = Op(_vectors.database_file)
@@ -179,7 +181,9 @@ class Writes(Reads):
     touch_conversation = Op(_conversations.touch)
     update_conversation = Op(_conversations.update)
     claim_review = Op(_conversations.claim_review)
+    claim_due_reviews = Op(_conversations.claim_due_reviews)
     finish_review = Op(_conversations.finish_review)
+    release_review = Op(_conversations.release_review)
     fail_review = Op(_conversations.fail_review)
     release_expired_claims = Op(_conversations.release_expired_claims)
 
@@ -198,8 +202,9 @@ class Writes(Reads):
     start_run = Op(_jobs.start_run)
     finish_run = Op(_jobs.finish_run)
 
-    # prompt-file revisions
+    # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
     record_revision = Op(_resources.record)
+    lock_owner = Op(_resources.lock_owner)
 
     # the memory server's bearer tokens (N2)
     insert_token = Op(_tokens.insert)

@@ -32,6 +32,8 @@ TOTAL = -1
 """The token id under which a scope's total token count is kept."""
 MAX_SCOPE_ROWS = 50_000
 """The most rows of one scope a vector search reads; a larger scope is searched lexically."""
+NEAREST_ROWS = 1_000
+"""The messages an approximate search of a scope too large to read returns by default."""
 
 
 def conversation_scope(key: ConversationKey) -> str:
@@ -269,6 +271,12 @@ def scope_vectors(
     found: list[tuple[Any, ...]] = conn.execute(sql, (*params, limit + 1)).fetchall()
     if len(found) > limit:
         return None
+    return scope_rows(found)
+
+
+def scope_rows(found: Sequence[tuple[Any, ...]]) -> ScopeRows:
+    """Rows of (id, agent, channel, chat, thread, sender, created_at, vector), sorted by
+    conversation, time and id, as :class:`ScopeRows`."""
     if not found:
         return ScopeRows((), (), (), (), (), ())
     ids, agents, channels, chats, threads, senders, created_at, blobs = zip(*found, strict=True)
@@ -280,6 +288,23 @@ def scope_vectors(
     starts = [0, *itertools.compress(range(1, n), moved)]
     conversations = [(agents[i], channels[i], chats[i], threads[i]) for i in starts]
     return ScopeRows(ids, senders, created_at, blobs, conversations, starts)
+
+
+def nearest_messages(
+    conn: apsw.Connection,
+    query: Sequence[float],
+    *,
+    agent_id: str | None = None,
+    key: ConversationKey | None = None,
+    owner_id: str | None = None,
+    limit: int = NEAREST_ROWS,
+    include: Sequence[int] = (),
+) -> ScopeRows | None:
+    """The ``limit`` messages of the scope whose vectors are (about) nearest ``query``, and
+    the scope's messages ``include``, as :func:`scope_vectors` gives them; None where no
+    approximate index exists: always on SQLite, which searches a scope too large for
+    :func:`scope_vectors` lexically (PostgreSQL with pgvector: :mod:`fermix.storage.pg.vectors`)."""
+    return None
 
 
 def memory_vectors(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, bytes]:

@@ -1,36 +1,46 @@
-"""The database's checks: it opens with a current schema (S2), SQLite's integrity check, and
-each FTS mirror against its content table (S4, S5).
+"""The database's checks: it opens with a current schema (S2), its integrity check, and each
+FTS mirror against its content table (S4, S5).
 
-Each reads through :meth:`Database.inspect <fermix.storage.database.Database.inspect>`,
-which neither creates, migrates nor writes; the queries are :mod:`fermix.storage.health`.
+Each reads through :func:`~fermix.storage.inspect_storage` (SQLite's ``Database.inspect``
+or PostgreSQL's ``PgDatabase.inspect``, B1), which neither creates, migrates nor writes;
+the queries are the storage port's health operations.
 """
 
 from __future__ import annotations
 
 from fermix.cli.doctor_checks.outcome import Check
+from fermix.config import STORAGE_URL_ENV, Config
 from fermix.errors import FermixError, SchemaTooNewError
 from fermix.home import Home
-from fermix.storage import Database, Reads, health
+from fermix.storage import Reads, Storage, health, inspect_storage
+from fermix.storage.opening import uses_postgres
 
 FTS_TABLES = health.FTS_TABLES
+_RESTORE = "restore memory.db from a backup; fermix cannot open it and did not change it"
+_REACH = (
+    "check that the PostgreSQL server runs and that the URL ([fermix_core.storage] url or"
+    f" {STORAGE_URL_ENV}) and its credentials are right; fermix changed nothing"
+)
 
 
-def open_database(home: Home) -> tuple[Check, Database | None]:
-    """Open memory.db to inspect it, and say whether its schema is current (S2).
+def open_database(home: Home, config: Config) -> tuple[Check, Storage | None]:
+    """Open the store ``config`` chooses to inspect it, and say whether its schema is
+    current (S2): ``memory.db``, or the PostgreSQL database (B1).
 
-    Nothing is created or migrated; the database is returned (to be closed by the caller)
+    Nothing is created or migrated; the store is returned (to be closed by the caller)
     unless it cannot be inspected.
     """
+    postgres = uses_postgres(config)
     path = home.db_path
-    if not path.exists():
+    if not postgres and not path.exists():
         hint = "any command creates it; `fermix doctor --fix` creates it now"
         return Check("database", "warn", f"{path.name} does not exist yet", hint, "migrate"), None
+    hint = _REACH if postgres else _RESTORE
     try:
-        db = Database.inspect(path)
+        db = inspect_storage(home, config)
     except SchemaTooNewError as exc:
         return Check("database", "fail", str(exc), "upgrade fermix; nothing was changed"), None
     except FermixError as exc:
-        hint = "restore memory.db from a backup; fermix cannot open it and did not change it"
         return Check("database", "fail", str(exc), hint), None
     try:
         with db.read() as reads:
@@ -38,32 +48,41 @@ def open_database(home: Home) -> tuple[Check, Database | None]:
             pending = reads.pending_migrations()
     except FermixError as exc:
         db.close()
-        hint = "restore memory.db from a backup; fermix cannot open it and did not change it"
-        return Check("database", "fail", f"{path.name} cannot be read: {exc}", hint), None
+        return Check("database", "fail", f"{db.name} cannot be read: {exc}", hint), None
     if pending:
         hint = "every command applies them at start; `fermix doctor --fix` applies them now"
-        summary = f"schema v{version}, {pending} migration(s) to v{health.latest_version()} pending"
+        summary = f"schema v{version}, {pending} migration(s) to v{version + pending} pending"
         return Check("database", "warn", summary, hint, "migrate"), db
-    return Check("database", "pass", f"{path.name} opens; schema v{version} is current"), db
+    return Check("database", "pass", f"{db.name} opens; schema v{version} is current"), db
 
 
-def check_integrity(reads: Reads, *, full: bool = False) -> tuple[Check, list[str]]:
-    """SQLite's integrity check (quick, or full with ``full``), and every problem it found.
+def integrity_check_name(*, full: bool = False, postgres: bool = False) -> str:
+    """What :func:`check_integrity` runs: SQLite's quick or full check, or amcheck's."""
+    return "amcheck (where installed)" if postgres else health.integrity_check_name(full=full)
+
+
+def check_integrity(
+    reads: Reads, *, full: bool = False, postgres: bool = False
+) -> tuple[Check, list[str]]:
+    """The store's integrity check (quick, or full with ``full``), and every problem it
+    found: SQLite's, or on PostgreSQL amcheck's where it is installed.
 
     Damage to an FTS index alone only warns: :func:`check_fts` is the check to act on.
     """
-    name = health.integrity_check_name(full=full)
+    name = integrity_check_name(full=full, postgres=postgres)
     problems = reads.integrity_problems(full=full)
     if not problems:
-        more = "" if full else " (`fermix doctor --full` runs integrity_check)"
+        more = "" if full or postgres else " (`fermix doctor --full` runs integrity_check)"
         return Check("integrity", "pass", f"{name}: ok{more}"), problems
     serious = [p for p in problems if not health.is_fts_damage(p)]
     if not serious:
         summary = f"{name}: only FTS index damage ({problems[0]})"
         return Check("integrity", "warn", summary, "see the FTS mirror checks below"), problems
     hint = (
-        "the database file is damaged; stop every fermix process, copy memory.db aside and"
-        " restore a backup, or salvage it with `sqlite3 memory.db .recover`"
+        "an index is damaged: REINDEX it (the problem names it), or restore a backup"
+        if postgres
+        else "the database file is damaged; stop every fermix process, copy memory.db aside"
+        " and restore a backup, or salvage it with `sqlite3 memory.db .recover`"
     )
     summary = f"{name}: {len(serious)} problem(s): {serious[0]}"
     details = [{"problem": p} for p in problems]
@@ -71,18 +90,25 @@ def check_integrity(reads: Reads, *, full: bool = False) -> tuple[Check, list[st
 
 
 def check_fts(
-    reads: Reads, table: str, *, full: bool = False, integrity: list[str] | None = None
+    reads: Reads,
+    table: str,
+    *,
+    full: bool = False,
+    integrity: list[str] | None = None,
+    postgres: bool = False,
 ) -> Check:
-    """One FTS5 mirror against its content table (S4, S5).
+    """One FTS mirror against its content table (S4, S5).
 
     Quick: the same rowids as its content table, and a sound index (read from
     ``integrity``, the integrity check's problems, when that check ran). Full: every row's
     terms too. A row missing from the mirror, a ghost row only in it, or damage is found.
+    On PostgreSQL the mirror is each row's stems, sampled against their text.
     """
     problem = None if integrity is None else health.fts_damage(integrity, table)
     if problem is None:
         problem = reads.fts_problem(table, full=full, structure_checked=integrity is not None)
     if problem is not None:
-        hint = "`fermix doctor --fix` rebuilds it from its content table (VALUES('rebuild'))"
+        how = "recomputes the stems" if postgres else "rebuilds it from its content table"
+        hint = f"`fermix doctor --fix` {how}" + ("" if postgres else " (VALUES('rebuild'))")
         return Check(table, "fail", f"index and content table disagree ({problem})", hint, "fts")
     return Check(table, "pass", "matches its content table")

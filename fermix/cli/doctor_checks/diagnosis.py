@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from fermix.cli.doctor_checks.database import FTS_TABLES, check_fts, check_integrity, open_database
+from fermix.cli.doctor_checks.database import (
+    FTS_TABLES,
+    check_fts,
+    check_integrity,
+    integrity_check_name,
+    open_database,
+)
 from fermix.cli.doctor_checks.environment import check_config, check_disk, check_model
 from fermix.cli.doctor_checks.fixes import apply_fixes
 from fermix.cli.doctor_checks.outcome import Check, Progress, Report, quiet
@@ -20,7 +26,8 @@ from fermix.cli.doctor_checks.vectors import check_vectors
 from fermix.config import Config
 from fermix.errors import FermixError
 from fermix.home import Home
-from fermix.storage import Reads, Storage, health
+from fermix.storage import Reads, Storage
+from fermix.storage.opening import uses_postgres
 
 
 def database_checks(
@@ -33,6 +40,7 @@ def database_checks(
     progress: Progress = quiet,
 ) -> list[Check]:
     """The checks of a database whose schema is current, each in its own read unit."""
+    postgres = uses_postgres(config)
 
     def run(name: str, check: Callable[[Reads], Check]) -> Check:
         progress(f"checking {name}")
@@ -42,16 +50,17 @@ def database_checks(
         except (FermixError, OSError) as exc:
             return _failed(name, exc)
 
-    progress(f"checking integrity ({health.integrity_check_name(full=full)})")
+    progress(f"checking integrity ({integrity_check_name(full=full, postgres=postgres)})")
     try:
         with db.read() as reads:
-            integrity, problems = check_integrity(reads, full=full)
+            integrity, problems = check_integrity(reads, full=full, postgres=postgres)
         found: list[str] | None = problems
     except (FermixError, OSError) as exc:
         integrity, found = _failed("integrity", exc), None
     checks = [integrity]
     for table in FTS_TABLES:
-        checks.append(run(table, partial(check_fts, table=table, full=full, integrity=found)))
+        fts = partial(check_fts, table=table, full=full, integrity=found, postgres=postgres)
+        checks.append(run(table, fts))
     progress("checking prompt files")
     checks.append(_guarded("prompt files", partial(check_prompt_files, home, db)))
     checks.append(run("review claims", partial(check_claims, now=now)))
@@ -73,7 +82,7 @@ def run_checks(
     config_check, config = check_config(home)
     checks = [config_check]
     progress("checking database")
-    db_check, db = open_database(home)
+    db_check, db = open_database(home, config)
     checks.append(db_check)
     if db is not None:
         try:
@@ -82,7 +91,8 @@ def run_checks(
         finally:
             db.close()
     progress("checking permissions")
-    checks.append(_guarded("permissions", partial(check_permissions, home)))
+    database = not uses_postgres(config)  # memory.db's modes matter only if it holds the memory
+    checks.append(_guarded("permissions", partial(check_permissions, home, database=database)))
     progress("checking disk")
     checks.append(_guarded("disk", partial(check_disk, home)))
     if model_check:
@@ -122,6 +132,7 @@ def diagnose(
     )
     if not fix:
         return Report(home.root, checks)
-    fixed = apply_fixes(home, checks, now=now, progress=progress)
+    _, config = check_config(home)
+    fixed = apply_fixes(home, config, checks, now=now, progress=progress)
     after = run_checks(home, now=now, full=full, model_check=model_check, progress=progress)
     return Report(home.root, after, fixed)

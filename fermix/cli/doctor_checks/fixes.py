@@ -14,30 +14,36 @@ from collections.abc import Callable
 from fermix.cli.doctor_checks.database import FTS_TABLES
 from fermix.cli.doctor_checks.outcome import Check, Progress, quiet
 from fermix.cli.doctor_checks.permissions import tighten
+from fermix.config import Config
 from fermix.home import Home
 from fermix.runtime.prompt_files import PromptFiles
-from fermix.storage import Database, Writes
+from fermix.storage import Writes, open_storage
+from fermix.storage.opening import uses_postgres
 
 
 def apply_fixes(
-    home: Home, checks: list[Check], *, now: int, progress: Progress = quiet
+    home: Home, config: Config, checks: list[Check], *, now: int, progress: Progress = quiet
 ) -> list[str]:
     """Repair what ``checks`` found that can be repaired safely; say what was done.
 
-    The database is opened as every command opens it (created when missing, migrated)
-    when a repair needs it; tightening permissions alone does not open it.
+    The store ``config`` chooses is opened as every command opens it (created when
+    missing, migrated) when a repair needs it; tightening permissions alone does not open
+    it, and neither does a config.toml that does not load (it may name another store).
     """
     wanted = {c.fix for c in checks if c.fix is not None and c.status in ("warn", "fail")}
     done = []
     if "permissions" in wanted:
         progress("making the home owner-only")
-        done += tighten(home)
+        done += tighten(home, database=not uses_postgres(config))
         wanted.discard("permissions")
     if not wanted:
         return done
-    existed = home.db_path.exists()
+    if any(c.name == "config" and c.status == "fail" for c in checks):
+        done.append("left the database alone: config.toml does not load, and it may name it")
+        return done
+    existed = uses_postgres(config) or home.db_path.exists()
     progress("applying migrations" if "migrate" in wanted else "opening the database")
-    db = Database(home.db_path, readers=1)  # creates the file, applies migrations
+    db = open_storage(home, config, readers=1)  # creates memory.db, applies migrations
     try:
         if "migrate" in wanted:
             with db.read() as reads:

@@ -39,14 +39,16 @@ class LoosePath:
         return self.mode & ~OTHERS_BITS
 
 
-def private_paths(home: Home) -> Iterator[Path]:
+def private_paths(home: Home, *, database: bool = True) -> Iterator[Path]:
     """Every path of ``home`` that must be owner-only, whether it exists or not; the
-    ``memory/`` tree is walked without following symbolic links."""
+    ``memory/`` tree is walked without following symbolic links. ``database`` False leaves
+    out ``memory.db`` and its side files (the memory is in PostgreSQL)."""
     yield home.root
-    db = home.db_path
-    yield db
-    for suffix in DATABASE_SIDE_FILES:
-        yield db.with_name(db.name + suffix)
+    if database:
+        db = home.db_path
+        yield db
+        for suffix in DATABASE_SIDE_FILES:
+            yield db.with_name(db.name + suffix)
     yield home.config_path
     tree = home.root / "memory"
     yield tree
@@ -66,7 +68,7 @@ def _mode(path: Path, *, follow: bool) -> int | None:
     return None if stat.S_ISLNK(found.st_mode) else stat.S_IMODE(found.st_mode)
 
 
-def scan(home: Home) -> tuple[int, list[LoosePath]]:
+def scan(home: Home, *, database: bool = True) -> tuple[int, list[LoosePath]]:
     """How many paths of ``home`` exist, and those with a group or other bit set.
 
     The home itself may be a symbolic link (its target is judged); a link inside it is
@@ -74,7 +76,7 @@ def scan(home: Home) -> tuple[int, list[LoosePath]]:
     """
     seen = 0
     loose = []
-    for path in private_paths(home):
+    for path in private_paths(home, database=database):
         mode = _mode(path, follow=path == home.root)
         if mode is None:
             continue
@@ -90,11 +92,12 @@ def _shown(home: Home, found: LoosePath) -> str:
     return f"{name} ({found.mode:04o})"
 
 
-def check_permissions(home: Home) -> Check:
-    """The home, its database and WAL/SHM, config.toml and prompt files are owner-only (M10)."""
+def check_permissions(home: Home, *, database: bool = True) -> Check:
+    """The home, its database and WAL/SHM (unless ``database`` is False: the memory is in
+    PostgreSQL), config.toml and prompt files are owner-only (M10)."""
     if not home.root.exists():
         return Check("permissions", "pass", "no home yet; fermix creates it owner-only")
-    seen, loose = scan(home)
+    seen, loose = scan(home, database=database)
     if not loose:
         return Check("permissions", "pass", f"{seen} path(s) in the home are owner-only")
     named = ", ".join(_shown(home, found) for found in loose[:NAMED_IN_SUMMARY])
@@ -108,13 +111,13 @@ def check_permissions(home: Home) -> Check:
     return Check("permissions", "warn", summary, hint, "permissions", details)
 
 
-def tighten(home: Home) -> list[str]:
+def tighten(home: Home, *, database: bool = True) -> list[str]:
     """Remove the group and other bits of every loose path found now; say what was done.
 
     Paths are found again rather than taken from the check: a WAL file may have gone or
     come since. A path whose mode cannot be changed (another account owns it) is named.
     """
-    _, loose = scan(home)
+    _, loose = scan(home, database=database)
     done = []
     changed = 0
     for found in loose:

@@ -9,6 +9,27 @@ The leader/absorb scheme of :mod:`fermix.storage.committer` (the shared
   callers and hands the connection to the first caller queued after them;
 * a caller that finds it held queues and sleeps on a lock of its own.
 
+**Two round trips an append.** A batch runs in pipeline mode
+(:func:`fermix.storage.pg.connection.pipeline`): ``BEGIN`` and the statements whose result
+nobody reads (a conversation's touch) go out with the next statement read, so an append
+costs one round trip for ``BEGIN``, touch and insert, and one for ``COMMIT``.
+
+**No deadlock between the batches of two services.** A batch holds the row locks its units
+took until it commits (a conversation's row for each append); two batches each waiting for
+a row the other holds deadlock, and PostgreSQL aborts one after ``deadlock_timeout`` (1 s).
+So a batch waits for a lock only in its first unit, when it holds none: the units absorbed
+after it run under ``lock_timeout`` = 1 ms, and one that would wait longer
+(``LockNotAvailable``) is left out with every unit after it: the attempt is rolled back and
+runs again without them, and they go back to the front of the queue, the first of them to
+lead the next batch, where it may wait. A transaction waiting while it holds no lock cannot
+be part of a cycle, and a wait that ends within 1 ms ends long before the deadlock detector
+looks, so no deadlock comes of batching: only a unit that locks two rows in the opposite
+order of another unit's could still meet one, as it would alone, and an append locks one
+row. Leaving out the later units too keeps each caller's units in call order. (Locking a
+batch's conversations in key order first, the other way, needs to know a unit's rows
+before running it; a unit is a function.) A deadlock or a serialization failure that
+happens anyway is a transient error, retried as below.
+
 A unit that raises aborts the transaction (a failed statement aborts a PostgreSQL
 transaction): it is rolled back and the batch runs again with a ``SAVEPOINT`` per unit, so
 only the failing unit is left out and its caller alone gets the error, a database error as
@@ -31,14 +52,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import psycopg.errors
 from psycopg import pq
 
 from fermix.storage.leaders import GroupCommit, Unit
-from fermix.storage.pg.connection import Conn
+from fermix.storage.pg.connection import Conn, pipeline, send, settle
 from fermix.storage.pg.session import PgWrites
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 
@@ -48,6 +69,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.errors.TransactionRollback,  # 40001 serialization failure, 40P01 deadlock
     psycopg.OperationalError,  # connection lost, admin shutdown, too many connections
 )
+NO_WAITING: Final = "SET LOCAL lock_timeout = '1ms'"
+"""Sent after a batch's first unit: the units absorbed after it do not wait for a lock."""
 Work = Callable[[PgWrites], Any]
 
 
@@ -68,6 +91,10 @@ class PgCommitter(GroupCommit):
         self._conn = connect()
         self._session = PgWrites(self._conn)
         super().__init__(retry=retry, max_batch=max_batch)
+        self.transient_failures = 0
+        """Attempts at a batch that failed with a transient error, for tests and benchmarks."""
+        self.deferred = 0
+        """Units left for a later batch because a row they needed was locked."""
 
     def _close_connection(self) -> None:
         self._conn.close()
@@ -82,42 +109,90 @@ class PgCommitter(GroupCommit):
 
     def _commit(self, batch: list[Unit]) -> None:
         """One attempt at the batch; transient errors propagate for a retry of all of it."""
-        conn = self._connection()
-        session = self._session
-        conn.execute("BEGIN")
         try:
-            session.forget()
-            ran = 0
-            while True:  # the units queued while these ran join the batch
-                for unit in batch[ran:]:
-                    unit.value = unit.work(session)
-                ran = len(batch)
-                if not (self._queue and self._absorb(batch)):
-                    break
-            conn.execute("COMMIT")
+            self._attempt(batch)
         except TRANSIENT_ERRORS:
-            self._rollback()
+            self.transient_failures += 1
             raise
-        except Exception as exc:  # noqa: BLE001 - a unit failed: isolate it, or hand it back
+
+    def _attempt(self, batch: list[Unit]) -> None:
+        absorb = True
+        while True:
+            conn = self._connection()
+            left: int | None = None
+            try:
+                with pipeline(conn):
+                    send(conn, "BEGIN")
+                    self._session.forget()
+                    left = self._run(conn, batch, absorb=absorb)
+                    if left is None:
+                        send(conn, "COMMIT")
+            except TRANSIENT_ERRORS:
+                self._rollback()
+                raise
+            except Exception as exc:  # noqa: BLE001 - a unit failed: isolate it, or hand it back
+                self._rollback()
+                if len(batch) == 1 and not isinstance(exc, psycopg.errors.UniqueViolation):
+                    batch[0].fail(exc, psycopg.Error)
+                else:
+                    self._commit_isolated(batch)
+                return
+            except BaseException:
+                self._rollback()
+                raise
+            if left is None:
+                break
+            # Run again without the units that would have waited, absorbing no more.
             self._rollback()
-            if len(batch) == 1 and not isinstance(exc, psycopg.errors.UniqueViolation):
-                batch[0].fail(exc, psycopg.Error)
-            else:
-                self._commit_isolated(batch)
-            return
-        except BaseException:
-            self._rollback()
-            raise
+            self._defer(batch, left)
+            absorb = False
         for unit in batch:
             unit.ok = True
 
+    def _run(self, conn: Conn, batch: list[Unit], *, absorb: bool) -> int | None:
+        """Run the batch's units, then (with ``absorb``) those queued meanwhile; return the
+        index of the first unit that would have waited for a lock (it and those after it
+        are to be left out), or None when all ran."""
+        session = self._session
+        batch[0].value = batch[0].work(session)  # a result, not an outcome until committed
+        ran = 1
+        while ran < len(batch) or (absorb and self._queue and self._absorb(batch)):
+            if ran == 1:
+                send(conn, NO_WAITING)
+            for index in range(ran, len(batch)):
+                try:
+                    batch[index].value = batch[index].work(session)
+                    settle(conn)  # its statements' errors are its own
+                except psycopg.errors.LockNotAvailable:
+                    return index
+            ran = len(batch)
+        return None
+
+    def _defer(self, batch: list[Unit], start: int) -> None:
+        """Put ``batch[start:]`` back at the front of the queue, in order."""
+        left = batch[start:]
+        del batch[start:]
+        with self._mutex:
+            self._queue.extendleft(reversed(left))
+        self.deferred += len(left)
+        log.debug("%d write(s) wait for rows another transaction holds: next batch", len(left))
+
     def _commit_isolated(self, batch: list[Unit]) -> None:
-        """The batch again, each unit in a savepoint, leaving out the ones that raise."""
+        """The batch again, each unit in a savepoint, leaving out the ones that raise (and,
+        as in :meth:`_attempt`, those from the first that would wait for a lock on)."""
         conn = self._connection()
         conn.execute("BEGIN")
         try:
             self._session.forget()
-            outcomes = [self._savepointed(conn, unit.work) for unit in batch]
+            outcomes: list[tuple[bool, Any]] = []
+            for index, unit in enumerate(batch):
+                if index == 1:
+                    conn.execute(NO_WAITING)
+                outcome = self._savepointed(conn, unit.work, first=index == 0)
+                if outcome is None:
+                    self._defer(batch, index)
+                    break
+                outcomes.append(outcome)
             conn.execute("COMMIT")
         except BaseException:
             self._rollback()
@@ -128,7 +203,9 @@ class PgCommitter(GroupCommit):
             else:
                 unit.fail(value, psycopg.Error)
 
-    def _savepointed(self, conn: Conn, work: Work) -> tuple[bool, Any]:
+    def _savepointed(self, conn: Conn, work: Work, *, first: bool) -> tuple[bool, Any] | None:
+        """Run ``work`` in a savepoint: its outcome, or None when it would have waited for
+        a lock (not ``first``: rolled back, to run in a later batch)."""
         for attempt in range(2):
             conn.execute("SAVEPOINT unit")
             try:
@@ -139,6 +216,8 @@ class PgCommitter(GroupCommit):
                 conn.execute("ROLLBACK TO SAVEPOINT unit")
                 conn.execute("RELEASE SAVEPOINT unit")
                 self._session.forget()
+                if not first and isinstance(exc, psycopg.errors.LockNotAvailable):
+                    return None
                 if attempt == 0 and isinstance(exc, psycopg.errors.UniqueViolation):
                     continue  # another transaction committed the key: read it this time
                 return (False, exc)

@@ -1,43 +1,103 @@
-"""What every PostgreSQL table-family module shares: the connection type and two fetches.
+"""What every PostgreSQL table-family module shares: the connection type, the ways to run
+a statement, and the pipeline of a write batch.
 
 Parameters are ``%s`` placeholders bound by psycopg (server-side binding, statements
 prepared after a few uses); rows are plain tuples, as on SQLite.
+
+**Pipelined writes.** The group commit runs a batch in :func:`pipeline` (psycopg's pipeline
+mode): a statement whose result nobody reads (:func:`send`: ``BEGIN``, a conversation's
+touch) goes out with the next one that is read, so an append (``BEGIN``, touch, insert)
+costs one round trip before its ``COMMIT`` instead of three. Every read (:func:`fetch_rows`,
+:func:`execute`) ends with a sync, so within a batch it behaves as outside one: an error of
+a statement sent before it is raised by it, the transaction status is exact afterwards
+(a read that only flushed would leave libpq reporting the status of the last sync, *idle*,
+inside the batch's transaction), and a statement after a caught error runs. Outside a
+pipeline (reads, migrations) every function runs its statement at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Iterator
 from typing import Any, TypeAlias
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import TupleRow
 
 from fermix.errors import InvalidInputError
 
 Conn: TypeAlias = psycopg.Connection[TupleRow]
 """A psycopg connection returning tuples (the adapter's only kind)."""
+Params: TypeAlias = tuple[Any, ...] | list[Any]
+
+_pipelines: weakref.WeakKeyDictionary[Conn, psycopg.Pipeline] = weakref.WeakKeyDictionary()
+"""The open :func:`pipeline` of each connection in one (the write connection, during a batch)."""
 
 
-def fetch_rows(conn: Conn, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[TupleRow]:
-    """Every row ``sql`` returns. A value PostgreSQL text cannot hold (NUL) is an
-    :class:`InvalidInputError`, as a value that is not valid Unicode is on SQLite."""
+@contextlib.contextmanager
+def pipeline(conn: Conn) -> Iterator[None]:
+    """Run the block's statements in pipeline mode (see the module's docstring); at its end
+    every statement sent has been answered. Without pipeline support in the client's libpq
+    (before 14) the block runs each statement at once."""
+    if not psycopg.Pipeline.is_supported():
+        yield
+        return
+    with conn.pipeline() as open_pipeline:
+        _pipelines[conn] = open_pipeline
+        try:
+            yield
+        finally:
+            del _pipelines[conn]
+
+
+def send(conn: Conn, sql: str, params: Params = ()) -> None:
+    """Run one statement whose result is not read. In a :func:`pipeline` it goes out with
+    the next statement read, and its error (a constraint, a lock timeout) is raised there
+    or by :func:`settle`; otherwise at once."""
     try:
-        return conn.execute(sql, params).fetchall()
+        conn.execute(sql, params)
     except psycopg.DataError as exc:
         raise _input_error(exc) from None
 
 
-def fetch_value(conn: Conn, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+def settle(conn: Conn) -> None:
+    """Wait until every statement sent on ``conn`` has run (a round trip only when one is
+    still unanswered); raise the first one's error."""
+    open_pipeline = _pipelines.get(conn)
+    if open_pipeline is not None and conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+        open_pipeline.sync()
+
+
+def _run(conn: Conn, sql: str, params: Params) -> psycopg.Cursor[TupleRow]:
+    """Run ``sql`` and wait for its result (and the results of those sent before it)."""
+    try:
+        cursor = conn.execute(sql, params)
+        open_pipeline = _pipelines.get(conn)
+        if open_pipeline is not None:
+            open_pipeline.sync()
+    except psycopg.DataError as exc:
+        raise _input_error(exc) from None
+    return cursor
+
+
+def fetch_rows(conn: Conn, sql: str, params: Params = ()) -> list[TupleRow]:
+    """Every row ``sql`` returns. A value PostgreSQL text cannot hold (NUL) is an
+    :class:`InvalidInputError`, as a value that is not valid Unicode is on SQLite."""
+    return _run(conn, sql, params).fetchall()
+
+
+def fetch_value(conn: Conn, sql: str, params: Params = ()) -> Any:
     """The first column of the first row ``sql`` returns (None when it returns no row)."""
     rows = fetch_rows(conn, sql, params)
     return rows[0][0] if rows else None
 
 
-def execute(conn: Conn, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> int:
-    """Run one statement; return how many rows it changed (SQLite's ``changes()``)."""
-    try:
-        return conn.execute(sql, params).rowcount
-    except psycopg.DataError as exc:
-        raise _input_error(exc) from None
+def execute(conn: Conn, sql: str, params: Params = ()) -> int:
+    """Run one statement; return how many rows it changed (SQLite's ``changes()``). When
+    the count does not matter, :func:`send` saves the round trip in a pipeline."""
+    return _run(conn, sql, params).rowcount
 
 
 def _input_error(exc: psycopg.DataError) -> Exception:

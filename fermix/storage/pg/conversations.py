@@ -7,11 +7,11 @@ What SQLite's single writer gave for free is explicit here:
   transaction ends even when nothing changes; ``messages_bi`` locks it on every insert.
 - :func:`window_snapshot` and :func:`window_since` read in one ``REPEATABLE READ`` read-only
   transaction, so the mark and the rows are one snapshot (SQLite: a savepoint).
-- :func:`finish_review` locks the row before it reads the backlog, so a user message that
-  committed while it waited is seen, and the conversation stays due.
-- :func:`claim_due_reviews` (PostgreSQL only so far) claims due conversations with
-  ``FOR UPDATE SKIP LOCKED``: concurrent sweeps of several services never claim one twice,
-  never wait on each other, and never scan every conversation (``conversations_due``).
+- :func:`finish_review` and :func:`release_review` lock the row before they read the
+  backlog, so a user message that committed while they waited keeps the conversation due.
+- :func:`claim_due_reviews` claims due conversations with ``FOR UPDATE SKIP LOCKED``:
+  concurrent sweeps of several services never claim one twice, never wait on each other,
+  and never scan every conversation (``conversations_due``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from psycopg import pq
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError
 from fermix.model import ConversationKey, ConversationState, Message, check_trust
-from fermix.storage.conversations import WindowMark
+from fermix.storage.conversations import WindowMark, due_params
 from fermix.storage.pg import messages
-from fermix.storage.pg.connection import Conn, execute, fetch_rows, fetch_value
+from fermix.storage.pg.connection import Conn, execute, fetch_rows, fetch_value, send
 
 _COLUMNS = (
     "agent_id",
@@ -66,10 +66,11 @@ def get(conn: Conn, key: ConversationKey) -> ConversationState | None:
 
 def touch(conn: Conn, key: ConversationKey, *, owner_id: str, trust: str) -> None:
     """Create the row of ``key`` or bring it to this owner and trust; writes nothing when
-    both are unchanged, but locks the row until the caller's transaction ends."""
+    both are unchanged, but locks the row until the caller's transaction ends. Sent
+    without waiting for its answer: in the group commit it goes out with the insert."""
     check_trust(trust)
     ts = now_ms()
-    execute(
+    send(
         conn,
         "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope, owner_id, trust,"
         " created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
@@ -215,17 +216,46 @@ def review_backlog(
 
 def claim_review(conn: Conn, key: ConversationKey, *, token: str, now: int, ttl_ms: int) -> bool:
     """Take the review claim of ``key`` unless another live claim holds it (caller's
-    transaction). Under READ COMMITTED the second of two claimers waits for the first's
-    commit, then finds the claim taken and changes nothing. A claim past its expiry is
-    taken over (E2)."""
+    transaction); True, the claim renewed, when ``token`` holds it already (what the sweep
+    claimed for this review, :func:`claim_due_reviews`). Under READ COMMITTED the second of
+    two claimers waits for the first's commit, then finds the claim taken and changes
+    nothing. A claim past its expiry is taken over (E2)."""
     changed = execute(
         conn,
         "UPDATE conversations SET review_claim_token = %s, review_claim_expires_at = %s"
-        f" WHERE {_WHERE_KEY}"
-        " AND (review_claim_token IS NULL OR review_claim_expires_at <= %s)",
-        (token, now + ttl_ms, *key.as_tuple(), now),
+        f" WHERE {_WHERE_KEY} AND (review_claim_token IS NULL OR review_claim_token = %s"
+        " OR review_claim_expires_at <= %s)",
+        (token, now + ttl_ms, *key.as_tuple(), token, now),
     )
     return changed > 0
+
+
+_DUE = (
+    "review_due_at IS NOT NULL"
+    " AND (last_reviewed_at IS NULL OR last_reviewed_at <= %s)"
+    " AND (review_claim_token IS NULL OR review_claim_expires_at <= %s)"
+    " AND (review_failed_at IS NULL OR review_failed_at <= %s)"
+)
+"""The review gates as SQL, as on SQLite."""
+
+
+def due_reviews(
+    conn: Conn,
+    *,
+    now: int,
+    limit: int | None = None,
+    interval_ms: int = 0,
+    backoff_ms: int = 0,
+) -> list[ConversationKey]:
+    """The conversations :func:`claim_due_reviews` would claim at ``now``, oldest due first
+    (the first ``limit``); claims nothing. Read off the ``conversations_due`` index."""
+    rows = fetch_rows(
+        conn,
+        f"SELECT agent_id, channel, chat_id, thread_scope FROM conversations WHERE {_DUE}"
+        f" ORDER BY review_due_at, {_KEY_ORDER} LIMIT %s",
+        (*due_params(now=now, interval_ms=interval_ms, backoff_ms=backoff_ms), limit),
+    )
+    return [ConversationKey(*row) for row in rows]
 
 
 def claim_due_reviews(
@@ -238,31 +268,53 @@ def claim_due_reviews(
     interval_ms: int = 0,
     backoff_ms: int = 0,
 ) -> list[ConversationKey]:
-    """Claim up to ``limit`` conversations due for a review, oldest due first, none that
-    another live claim holds, none reviewed less than ``interval_ms`` ago nor failed less
-    than ``backoff_ms`` ago; return their keys (caller's transaction).
+    """Claim up to ``limit`` conversations due for a review under ``token``, oldest due
+    first, none that another live claim holds, none reviewed less than ``interval_ms`` ago
+    nor failed less than ``backoff_ms`` ago; return their keys, sorted (caller's
+    transaction). Each review then takes its claim with the same token (:func:`claim_review`).
 
     Rows locked by another transaction (an append, another sweep) are skipped, not waited
-    for: they are due again at the next sweep. PostgreSQL only for now: the port's
-    ``due_reviews`` of docs/postgres.md.
+    for: they are due again at the next sweep.
     """
     rows = fetch_rows(
         conn,
         "WITH due AS ("
-        " SELECT agent_id, channel, chat_id, thread_scope FROM conversations"
-        " WHERE review_due_at <= %s"
-        " AND (last_reviewed_at IS NULL OR last_reviewed_at <= %s)"
-        " AND (review_claim_token IS NULL OR review_claim_expires_at <= %s)"
-        " AND (review_failed_at IS NULL OR review_failed_at <= %s)"
+        f" SELECT agent_id, channel, chat_id, thread_scope FROM conversations WHERE {_DUE}"
         " ORDER BY review_due_at LIMIT %s FOR UPDATE SKIP LOCKED)"
         " UPDATE conversations AS c"
         " SET review_claim_token = %s, review_claim_expires_at = %s"
         " FROM due WHERE (c.agent_id, c.channel, c.chat_id, c.thread_scope)"
         " = (due.agent_id, due.channel, due.chat_id, due.thread_scope)"
         " RETURNING c.agent_id, c.channel, c.chat_id, c.thread_scope",
-        (now, now - interval_ms, now, now - backoff_ms, limit, token, now + ttl_ms),
+        (
+            *due_params(now=now, interval_ms=interval_ms, backoff_ms=backoff_ms),
+            limit,
+            token,
+            now + ttl_ms,
+        ),
     )
     return sorted(ConversationKey(*row) for row in rows)
+
+
+def _still_due(cursor: str) -> str:
+    """``review_due_at`` once the review cursor is ``cursor`` (as on SQLite)."""
+    backlog = (
+        " FROM messages AS m WHERE m.agent_id = conversations.agent_id"
+        " AND m.channel = conversations.channel AND m.chat_id = conversations.chat_id"
+        " AND m.thread_scope = conversations.thread_scope"
+        f" AND m.role = 'user' AND m.id > {cursor}"
+    )
+    return (
+        f"CASE WHEN EXISTS (SELECT 1{backlog})"
+        f" THEN coalesce(review_due_at, (SELECT min(m.created_at){backlog})) END"
+    )
+
+
+def _lock_claimed(conn: Conn, key: ConversationKey, token: str) -> bool:
+    """Lock the row of ``key`` if ``token`` holds its claim (then later statements see every
+    append that held it, committed)."""
+    sql = f"SELECT 1 FROM conversations WHERE {_WHERE_KEY} AND review_claim_token = %s"
+    return bool(fetch_rows(conn, sql + " FOR UPDATE", (*key.as_tuple(), token)))
 
 
 def finish_review(
@@ -273,22 +325,30 @@ def finish_review(
     The conversation stays due when user messages after ``last_message_id`` wait (M5). The
     row is locked first, so the backlog is read after any append that held it committed.
     """
-    held = fetch_rows(
-        conn,
-        f"SELECT 1 FROM conversations WHERE {_WHERE_KEY} AND review_claim_token = %s FOR UPDATE",
-        (*key.as_tuple(), token),
-    )
-    if not held:
+    if not _lock_claimed(conn, key, token):
         return False
     execute(
         conn,
         "UPDATE conversations SET last_reviewed_at = %s, last_reviewed_message_id = %s,"
         " review_failed_at = NULL, review_claim_token = NULL, review_claim_expires_at = NULL,"
-        " updated_at = %s, review_due_at = CASE WHEN EXISTS (SELECT 1 FROM messages AS m"
-        " WHERE m.agent_id = %s AND m.channel = %s AND m.chat_id = %s AND m.thread_scope = %s"
-        " AND m.role = 'user' AND m.id > %s) THEN review_due_at END"
+        f" updated_at = %s, review_due_at = {_still_due('%s')} WHERE {_WHERE_KEY}",
+        (now, last_message_id, now, last_message_id, last_message_id, *key.as_tuple()),
+    )
+    return True
+
+
+def release_review(conn: Conn, key: ConversationKey, *, token: str) -> bool:
+    """Give back the review claim ``token`` holds on ``key``, nothing reviewed; False if
+    ``token`` no longer holds it. It stays due while user messages after its cursor wait
+    (the row locked first, as in :func:`finish_review`)."""
+    if not _lock_claimed(conn, key, token):
+        return False
+    execute(
+        conn,
+        "UPDATE conversations SET review_claim_token = NULL, review_claim_expires_at = NULL,"
+        f" review_due_at = {_still_due('conversations.last_reviewed_message_id')}"
         f" WHERE {_WHERE_KEY}",
-        (now, last_message_id, now, *key.as_tuple(), last_message_id, *key.as_tuple()),
+        key.as_tuple(),
     )
     return True
 

@@ -11,6 +11,7 @@ whichever of several services starting together gets there first.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -19,9 +20,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from fermix.errors import StorageError
+from fermix.storage.pg import health
 from fermix.storage.pg.committer import PgCommitter
 from fermix.storage.pg.connection import Conn
-from fermix.storage.pg.migrations import migrate
+from fermix.storage.pg.migrations import check_version, migrate
 from fermix.storage.pg.session import PgReads
 from fermix.storage.port import Storage
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
@@ -38,6 +40,8 @@ def connect(url: str) -> Conn:
 class PgDatabase(Storage):
     """A PostgreSQL database shared by any number of fermix processes (issue 15)."""
 
+    _committer: PgCommitter | None
+
     def __init__(
         self,
         url: str,
@@ -51,11 +55,12 @@ class PgDatabase(Storage):
         try:
             conn = connect(url)
         except psycopg.Error as exc:
-            raise StorageError(f"cannot connect to {self.name}: {exc}") from exc
+            raise StorageError(f"cannot connect to {self.name}: {scrubbed(url, exc)}") from exc
         try:
             migrate(conn)
+            health.enable_amcheck(conn)
         except psycopg.Error as exc:
-            raise StorageError(f"cannot migrate {self.name}: {exc}") from exc
+            raise StorageError(f"cannot migrate {self.name}: {scrubbed(url, exc)}") from exc
         finally:
             conn.close()
         self._committer = PgCommitter(lambda: connect(url), retry=retry, max_batch=max_batch)
@@ -67,6 +72,44 @@ class PgDatabase(Storage):
             name="fermix-reads",
             open=True,
         )
+
+    @classmethod
+    def inspect(cls, url: str) -> PgDatabase:
+        """Open the database ``url`` names to look at it (``fermix doctor``), never to change it.
+
+        Nothing is migrated or created (``r.schema_version()`` and ``r.pending_migrations()``
+        say where it stands); every read connection is read-only
+        (``default_transaction_read_only``), and :meth:`write` refuses. A schema newer than
+        this fermix is a :class:`~fermix.errors.SchemaTooNewError`; a server that cannot be
+        reached, or a database that cannot be read, a :class:`~fermix.errors.StorageError`
+        naming the database without its password.
+        """
+        name = describe(url)
+        try:
+            conn = connect(url)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot connect to {name}: {scrubbed(url, exc)}") from exc
+        try:
+            _read_only(conn)
+            check_version(conn)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot read {name}: {scrubbed(url, exc)}") from exc
+        finally:
+            conn.close()
+        db = cls.__new__(cls)
+        db.url = url
+        db.name = name
+        db._committer = None
+        db._readers = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=1,
+            kwargs={"autocommit": True},
+            configure=_read_only,
+            name="fermix-inspect",
+            open=True,
+        )
+        return db
 
     @property
     def key(self) -> str:
@@ -99,35 +142,44 @@ class PgDatabase(Storage):
 
     def write(self, unit: Callable[[Writes], T], *, label: str = "write") -> T:
         """Run ``unit`` in a write transaction; return its result once committed."""
-        result: T = self._committer.run(_forgetting(unit), label=label)
+        result: T = self._writer(label).run(_forgetting(unit), label=label)
         return result
 
     def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
         """:meth:`write` for an append (it changes owners and trusts only by ``touch_known``)."""
-        result: T = self._committer.run(unit, label=label)
+        result: T = self._writer(label).run(unit, label=label)
         return result
 
     def write_each(
         self, units: Sequence[tuple[Callable[[Writes], T], str]]
     ) -> list[tuple[bool, T | BaseException]]:
         """Run each ``(unit, label)`` as :meth:`write` would, in order, sharing commits."""
-        return self._committer.run_many([(_forgetting(unit), label) for unit, label in units])
+        return self._writer("writes").run_many(
+            [(_forgetting(unit), label) for unit, label in units]
+        )
 
     def append_each(
         self, units: Sequence[tuple[Callable[[Writes], T], str]]
     ) -> list[tuple[bool, T | BaseException]]:
         """:meth:`write_each` for appends."""
-        return self._committer.run_many(list(units))
+        return self._writer("writes").run_many(list(units))
+
+    def _writer(self, label: str) -> PgCommitter:
+        """The group commit; a :class:`StorageError` when opened by :meth:`inspect`."""
+        if self._committer is None:
+            raise StorageError(f"{self.name} is open for inspection only: {label} refused")
+        return self._committer
 
     @property
     def commits(self) -> int:
         """Write transactions committed so far (for benchmarks and tests)."""
-        return self._committer.batches
+        return 0 if self._committer is None else self._committer.batches
 
     def close(self) -> None:
         """Finish the queued writes, then close every connection."""
         try:
-            self._committer.close()
+            if self._committer is not None:
+                self._committer.close()
         finally:
             self._readers.close()
 
@@ -150,6 +202,31 @@ def describe(url: str) -> str:
         return "a PostgreSQL database"
     host = params.get("host", "")
     return f"PostgreSQL database {params.get('dbname', '?')!r}" + (f" on {host}" if host else "")
+
+
+_PASSWORDS = (
+    (re.compile(r"(://[^:/?#@\s]*:)[^@\s]*@"), r"\1***@"),  # postgresql://user:secret@host
+    (re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.I), r"\1***"),  # password=x
+)
+
+
+def scrubbed(url: str, error: BaseException) -> str:
+    """``error``'s message without the password of ``url`` (a driver may quote the URL)."""
+    text = str(error)
+    try:
+        password = conninfo_to_dict(url).get("password")
+    except psycopg.ProgrammingError:
+        password = None
+    if password:
+        text = text.replace(str(password), "***")
+    for pattern, replacement in _PASSWORDS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _read_only(conn: Conn) -> None:
+    """Make every transaction of ``conn`` read-only (an inspecting connection)."""
+    conn.execute("SET default_transaction_read_only = on")
 
 
 def _forgetting(unit: Callable[[Writes], T]) -> Callable[[Writes], T]:

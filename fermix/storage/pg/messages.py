@@ -39,29 +39,45 @@ def _row(values: tuple[Any, ...]) -> Message:
 _INSERT = (
     "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
     " kind, content, metadata_json, created_at, client_key, stems, trust)"
-    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s::tsvector,%s) RETURNING id"
+    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,{created_at},%s,%s::tsvector,{trust})"
+    " RETURNING id, created_at, trust"
 )
-_INSERT_WITH_CONVERSATION_TRUST = (
-    "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
-    " kind, content, metadata_json, created_at, client_key, stems, trust)"
-    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s::tsvector,"
-    " coalesce((SELECT trust FROM conversations WHERE agent_id = %s AND channel = %s"
-    " AND chat_id = %s AND thread_scope = %s), 'guest'))"
-    " RETURNING id, trust"
-)
+_NOT_BEFORE_LATEST = f"greatest(%s, (SELECT max(created_at) FROM messages WHERE {_WHERE_KEY}))"
+_CONVERSATION_TRUST = f"coalesce((SELECT trust FROM conversations WHERE {_WHERE_KEY}), 'guest')"
+_INSERTS = {
+    (stamped, trusted): _INSERT.format(
+        created_at="%s" if stamped else _NOT_BEFORE_LATEST,
+        trust="%s" if trusted else _CONVERSATION_TRUST,
+    )
+    for stamped in (False, True)
+    for trusted in (False, True)
+}
+"""The insert, by (``created_at`` given, trust given)."""
+
+
+def document(content: str, key: ConversationKey, owner_id: str) -> str:
+    """The ``stems`` of a message (a ``tsvector`` literal): the stems of ``content`` and the
+    scope lexemes of its conversation ``key`` and of its owner. Written by :func:`insert`,
+    checked and rebuilt by :mod:`fermix.storage.pg.health`."""
+    return stems.document(content, (conversation_token(key), owner_token(key.agent_id, owner_id)))
 
 
 def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Message:
     """Insert ``new`` in the caller's transaction and return the stored row.
 
     Its trust is ``new.trust``, or else its conversation's (a guest's without a row, M2).
+    Its time is ``created_at``, or else now, but not before the conversation's latest
+    message: the caller touched the conversation first, so its row is locked and every
+    message committed before this one is seen. Within a conversation times then follow ids,
+    as on SQLite, even though in the group commit's pipeline the clock is read before the
+    touch has waited for the lock, and even when another service's clock is ahead.
+
     A client key already stored in the conversation, by this transaction or one committed
     (in any process), is a ``psycopg.errors.UniqueViolation``; the PostgreSQL committer
     runs the unit once more, so its own read by client key then finds that row (N3).
     """
-    metadata_json = new.metadata_json()
-    ts = now_ms() if created_at is None else created_at
-    agent_id, channel, chat_id, thread_scope = new.key.as_tuple()
+    key = new.key.as_tuple()
+    agent_id, channel, chat_id, thread_scope = key
     values = (
         agent_id,
         new.owner_id,
@@ -72,24 +88,16 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
         new.role,
         new.kind,
         new.content,
-        metadata_json,
-        ts,
+        new.metadata_json(),
     )
-    client_key = new.client_key
-    vector = stems.document(
-        new.content, (conversation_token(new.key), owner_token(agent_id, new.owner_id))
-    )
-    trust: str
-    if new.trust is not None:
-        trust = new.trust
-        message_id = fetch_value(conn, _INSERT, (*values, client_key, vector, trust))
-    else:
-        message_id, trust = fetch_rows(
-            conn,
-            _INSERT_WITH_CONVERSATION_TRUST,
-            (*values, client_key, vector, agent_id, channel, chat_id, thread_scope),
-        )[0]
-    return Message(int(message_id), *values, trust, client_key)
+    params: list[Any] = [*values, now_ms() if created_at is None else created_at]
+    if created_at is None:
+        params.extend(key)
+    params += [new.client_key, document(new.content, new.key, new.owner_id)]
+    params.extend(key if new.trust is None else (new.trust,))
+    sql = _INSERTS[(created_at is not None, new.trust is not None)]
+    message_id, stored_at, trust = fetch_rows(conn, sql, params)[0]
+    return Message(int(message_id), *values, int(stored_at), trust, new.client_key)
 
 
 def by_client_key(conn: Conn, key: ConversationKey, client_key: str) -> Message | None:

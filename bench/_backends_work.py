@@ -1,0 +1,288 @@
+"""The workloads of bench/backends.py, each through the storage port and nothing else.
+
+A helper module (its name starts with ``_``): bench/run.py does not run it.
+
+Every workload takes a :class:`fermix.storage.Storage` (SQLite's ``Database`` or
+PostgreSQL's ``PgDatabase``) and drives it through its sessions only: an append is the unit
+``fermix/runtime/writer.py`` commits for ``Conversation.append_user`` without a client key
+(the conversation's row touched through ``touch_known``, the message inserted) run with
+``Storage.append``; a search is ``Reads.search_messages`` in a read unit.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from _timing import percentile
+
+from fermix.model import ConversationKey, Message, NewMessage
+from fermix.storage import Storage, Writes
+
+AGENT, OWNER, TRUST = "bench", "alice", "operator"
+THREADS, CONVERSATIONS_PER_THREAD = 8, 8
+
+
+def append_unit(new: NewMessage, trust: str = TRUST) -> Callable[[Writes], Message]:
+    """The append unit of ``fermix/runtime/writer.py`` for a message without a client key."""
+    key, owner = new.key, new.owner_id
+
+    def unit(writes: Writes) -> Message:
+        writes.touch_known(key, owner, trust)
+        return writes.insert_message(new)
+
+    return unit
+
+
+def append(db: Storage, key: ConversationKey, text: str) -> Message:
+    """What ``Conversation.append_user(text)`` commits, through the port."""
+    new = NewMessage(key, "user", text, owner_id=OWNER, sender=OWNER, trust=TRUST)
+    message: Message = db.append(append_unit(new), label="append")
+    return message
+
+
+@dataclass
+class Run:
+    """Appends timed one by one: how many, the wall time over all, each one's latency."""
+
+    count: int = 0
+    elapsed_ns: int = 0
+    latencies_ns: list[int] = field(default_factory=list)
+    commits: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Acknowledged appends per second."""
+        return self.count / (self.elapsed_ns / 1e9) if self.elapsed_ns else 0.0
+
+    def percentile_us(self, q: float) -> float:
+        """The ``q``-th percentile latency, in microseconds."""
+        return percentile(self.latencies_ns, q) / 1000
+
+    def add(self, other: Run) -> None:
+        """Count another round of the same measure in this one."""
+        self.count += other.count
+        self.elapsed_ns += other.elapsed_ns
+        self.latencies_ns.extend(other.latencies_ns)
+        self.commits += other.commits
+
+
+def chunks(items: Sequence[str], n: int) -> list[Sequence[str]]:
+    """``items`` cut into ``n`` consecutive pieces of near-equal size."""
+    bounds = [len(items) * i // n for i in range(n + 1)]
+    return [items[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
+def sequential(db: Storage, key: ConversationKey, texts: Sequence[str]) -> Run:
+    """One thread appending ``texts`` to one conversation, each append timed."""
+    clock = time.perf_counter_ns
+    latencies: list[int] = []
+    before = db.commits
+    start = clock()
+    for text in texts:
+        t0 = clock()
+        append(db, key, text)
+        latencies.append(clock() - t0)
+    return Run(len(texts), clock() - start, latencies, db.commits - before)
+
+
+def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
+    """:data:`THREADS` threads, each appending its share of ``texts`` to its own
+    :data:`CONVERSATIONS_PER_THREAD` conversations in turn; timed from first to last."""
+    shares = chunks(texts, THREADS)
+    barrier = threading.Barrier(THREADS)
+    results: list[tuple[int, int, list[int]]] = [(0, 0, [])] * THREADS
+
+    def one(t: int) -> None:
+        keys = [
+            ConversationKey(AGENT, "threads", f"{prefix}-t{t}-c{c}")
+            for c in range(CONVERSATIONS_PER_THREAD)
+        ]
+        clock = time.perf_counter_ns
+        latencies: list[int] = []
+        barrier.wait()
+        start = clock()
+        for i, text in enumerate(shares[t]):
+            t0 = clock()
+            append(db, keys[i % CONVERSATIONS_PER_THREAD], text)
+            latencies.append(clock() - t0)
+        results[t] = (start, clock(), latencies)
+
+    before = db.commits
+    threads = [threading.Thread(target=one, args=(t,), name=f"bench-{t}") for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
+    latencies = [ns for _, _, lat in results for ns in lat]
+    return Run(len(latencies), elapsed, latencies, db.commits - before)
+
+
+# -- writer processes ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriterSpec:
+    """What one writer process does: which store, for how long, with which texts."""
+
+    backend: str  # "sqlite" or "postgres"
+    target: str  # the SQLite file, or the PostgreSQL URL
+    prefix: str
+    seconds: float
+    texts: tuple[str, ...]
+    warmup: int = 50
+
+
+def open_store(backend: str, target: str) -> Storage:
+    """The port's adapter for ``backend`` on ``target``."""
+    if backend == "sqlite":
+        from fermix.storage import Database
+
+        return Database(target)
+    from fermix.storage.pg import PgDatabase
+
+    return PgDatabase(target)
+
+
+def writer_process(spec: WriterSpec, ready: Any, results: Any) -> None:
+    """A writer process: open the store, warm up, wait for every writer, then append to
+    its own conversations one after another for ``spec.seconds``; report the count."""
+    db = open_store(spec.backend, spec.target)
+    try:
+        keys = [
+            ConversationKey(AGENT, "procs", f"{spec.prefix}-c{c}")
+            for c in range(CONVERSATIONS_PER_THREAD)
+        ]
+        texts = spec.texts
+        for i in range(spec.warmup):
+            append(db, keys[i % len(keys)], texts[i % len(texts)])
+        ready.wait()
+        clock = time.perf_counter
+        start = clock()
+        deadline = start + spec.seconds
+        n = 0
+        while clock() < deadline:
+            append(db, keys[n % len(keys)], texts[n % len(texts)])
+            n += 1
+        results.put((n, clock() - start))
+    finally:
+        db.close()
+
+
+@dataclass(frozen=True)
+class ProcessRun:
+    """Writer processes appending at once: how many, and their total throughput."""
+
+    processes: int
+    appends: int
+    rate: float
+
+
+def writer_processes(
+    backend: str, target: str, processes: int, seconds: float, texts: Sequence[str], tag: str
+) -> ProcessRun:
+    """``processes`` spawned writer processes appending at once for ``seconds`` each."""
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Barrier(processes + 1)
+    results = ctx.Queue()
+    workers = [
+        ctx.Process(
+            target=writer_process,
+            args=(
+                WriterSpec(backend, target, f"{tag}-p{p}", seconds, tuple(texts)),
+                ready,
+                results,
+            ),
+            name=f"bench-writer-{p}",
+        )
+        for p in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        ready.wait(timeout=120)
+        counts = [results.get(timeout=seconds + 120) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+    failed = [w.exitcode for w in workers if w.exitcode != 0]
+    if failed:
+        raise RuntimeError(f"{backend} writer processes exited with {failed}")
+    return ProcessRun(
+        processes,
+        sum(n for n, _ in counts),
+        sum(n / elapsed for n, elapsed in counts),
+    )
+
+
+# -- search -------------------------------------------------------------------------------
+
+
+@dataclass
+class Searches:
+    """One adapter's query times at one size, per scope (wall clock, ms)."""
+
+    conversation_ms: list[float] = field(default_factory=list)
+    owner_ms: list[float] = field(default_factory=list)
+    found: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    """Each scope's hit ids per question, best first, in the order asked."""
+
+    def p(self, scope: str, q: float) -> float:
+        """The ``q``-th percentile of ``scope``'s query times, in ms."""
+        times = self.conversation_ms if scope == "conversation" else self.owner_ms
+        return round(percentile(times, q), 3)
+
+
+def search_once(
+    db: Storage, searches: Searches, scope: str, text: str, key: ConversationKey, owner: str
+) -> None:
+    """One timed search of ``scope``, as ``memory_recall`` searches history without vectors."""
+    start = time.perf_counter()
+    with db.read() as reads:
+        if scope == "conversation":
+            found = reads.search_messages(text, key=key, limit=20)
+        else:
+            found = reads.search_messages(text, agent_id=key.agent_id, owner_id=owner, limit=20)
+    elapsed = (time.perf_counter() - start) * 1000
+    (searches.conversation_ms if scope == "conversation" else searches.owner_ms).append(elapsed)
+    searches.found.setdefault(scope, []).append(tuple(hit.message.id for hit in found))
+
+
+def same_hits(first: Searches, second: Searches) -> tuple[int, int]:
+    """How many searches found the same messages in the same order on both, of how many."""
+    pairs = [
+        (a, b)
+        for scope, found in first.found.items()
+        for a, b in zip(found, second.found.get(scope, []), strict=True)
+    ]
+    return sum(a == b for a, b in pairs), len(pairs)
+
+
+def search_rounds(
+    stores: dict[str, Storage],
+    questions: Sequence[str],
+    targets: Sequence[tuple[ConversationKey, str]],
+    warmup: int,
+) -> dict[str, Searches]:
+    """Every question in both scopes on every store, in a rotating order; the first
+    ``warmup`` questions are asked but not counted."""
+    measures = [(name, scope) for name in stores for scope in ("conversation", "owner")]
+    results = {name: Searches() for name in stores}
+    for n, (text, (key, owner)) in enumerate(zip(questions, targets, strict=True)):
+        shift = n % len(measures)
+        for name, scope in measures[shift:] + measures[:shift]:
+            search_once(stores[name], results[name], scope, text, key, owner)
+        if n + 1 == warmup:
+            results = {name: Searches() for name in stores}
+    return results
+
+
+def loadavg() -> float:
+    """The one-minute load average."""
+    return os.getloadavg()[0]
