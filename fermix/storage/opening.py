@@ -15,7 +15,8 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from fermix.config import POSTGRES_SCHEMES, STORAGE_URL_ENV, Config
+from fermix.config import STORAGE_URL_ENV, Config
+from fermix.config_rules import POSTGRES_SCHEMES
 from fermix.errors import StorageError
 from fermix.home import Home
 from fermix.storage.database import Database
