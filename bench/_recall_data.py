@@ -1,4 +1,5 @@
-"""LoCoMo for bench/recall.py: the turns and questions, the recall metric, the README baselines.
+"""LoCoMo for bench/recall.py: the turns and questions, the recall metric, the README
+baselines, and the turns stored and asked through the storage port (either adapter).
 
 A helper module (its name starts with ``_``): bench/run.py does not run it.
 
@@ -21,6 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import apsw
+
+from fermix.model import ConversationKey, Message, NewMessage
+from fermix.storage import Reads, Storage, Writes
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/data/locomo-dev.json"
 CATEGORIES = (1, 2, 3, 4)
@@ -160,6 +164,53 @@ class Score:
         if not ordered:
             return 0.0
         return round(ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 2)
+
+
+Method = Callable[[Reads, str, ConversationKey], list[int]]
+"""A search under test: the ranked ids of a question's hits in one conversation."""
+
+
+def seed(
+    db: Storage, convs: list[Conversation]
+) -> tuple[dict[str, ConversationKey], dict[int, str]]:
+    """Store every turn as a message; the conversations' keys, and each id's dia_id."""
+    ids: dict[int, str] = {}
+    keys: dict[str, ConversationKey] = {}
+    for conv in convs:
+        key = keys[conv.sample_id] = ConversationKey("bench", "locomo", conv.sample_id)
+        news = [NewMessage(key, "user", t.content, sender=t.speaker) for t in conv.turns]
+
+        def insert(
+            w: Writes, news: list[NewMessage] = news, turns: tuple[Turn, ...] = conv.turns
+        ) -> list[Message]:
+            return [
+                w.insert_message(n, created_at=t.created_at)
+                for n, t in zip(news, turns, strict=True)
+            ]
+
+        for m, t in zip(db.write(insert, label="bench seed"), conv.turns, strict=True):
+            ids[m.id] = t.dia
+    return keys, ids
+
+
+def ask(
+    score: Score,
+    db: Storage,
+    convs: list[Conversation],
+    keys: dict[str, ConversationKey],
+    ids: dict[int, str],
+    method: Method,
+) -> None:
+    """Ask every question of ``convs`` with ``method`` in its own read unit, timed; record
+    the hits as dia_ids in ``score``."""
+    for conv in convs:
+        key = keys[conv.sample_id]
+        for question in conv.questions:
+            start = time.perf_counter()
+            with db.read() as reads:
+                found = method(reads, question.text, key)
+            elapsed = (time.perf_counter() - start) * 1000
+            score.add(conv.sample_id, question, [ids[i] for i in found], elapsed)
 
 
 def words_query(text: str, stopwords: frozenset[str] = frozenset()) -> str | None:

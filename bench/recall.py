@@ -37,6 +37,17 @@ pass of their own.
 (``tune_*``, ``held_*``). ``--quick`` asks conversation 1 only, a tuning one: its figures
 are not held-out figures.
 
+**PostgreSQL** (issue 15, item 3: R@10 within 0.5 points of SQLite's; :mod:`_recall_pg`).
+The same turns are stored in a :class:`~fermix.storage.pg.PgDatabase` on bench/backends.py's
+server, embedded by the same code and model, and every question is asked with the same
+search and parameters: ``turn_r5_pg``, ``turn_r10_pg``, ``recall_r10_pg_minus_sqlite``
+(points, from unrounded means) and its absolute value ``recall_r10_pg_abs_gap``, with the
+share of questions whose top 10 turns are the same on both (``same_top10_share_pg``). Where
+they differ, the stage shows: the same full-text candidates, query vectors and stored
+vectors on both, or not. Its query times come from a pass of its own, for scale only
+(bench/backends.py compares the adapters' speed). Without a PostgreSQL to start, its figures
+are null and ``pg_error`` says why.
+
 **Ideas tried** (the study behind :mod:`fermix.core.fusion`; greedy, one at a time, chosen
 on the tuning conversations; turn R@10 tune / held out / all; full-text alone 63.7 / 62.1 /
 62.9). Kept:
@@ -84,7 +95,6 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -99,11 +109,16 @@ from _recall_data import (
     LIMIT,
     TUNE,
     Conversation,
+    Method,
     Score,
-    Turn,
+    ask,
     load,
     readme_baselines,
+    seed,
 )
+from _recall_pg import PgRecall, run_pg
+from _recall_pg import figures as pg_figures
+from _recall_pg import render as render_pg
 from _recall_scale import SCALE_MESSAGES, SCALE_QUICK_MESSAGES, ScaleResult, render_scale, run_scale
 from rich.console import Console
 from rich.table import Table
@@ -111,16 +126,14 @@ from rich.table import Table
 from fermix.config import Config
 from fermix.core import fusion
 from fermix.home import Home
-from fermix.model import ConversationKey, Message, NewMessage
+from fermix.model import ConversationKey, Message
 from fermix.runtime import embedding, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads, Writes, fts
+from fermix.storage import Database, Reads, fts
 from fermix.storage.messages import SearchScope
 
 MESSAGE_COLUMNS = ", ".join(f"m.{f.name}" for f in dataclasses.fields(Message))
-
-Method = Callable[[Reads, str, ConversationKey], list[int]]
 
 
 def plain_search(conn: apsw.Connection, text: str, key: ConversationKey) -> list[int]:
@@ -188,29 +201,6 @@ class Run:
     model: str
 
 
-def seed(
-    db: Database, convs: list[Conversation]
-) -> tuple[dict[str, ConversationKey], dict[int, str]]:
-    """Store every turn as a message; the conversations' keys, and each id's dia_id."""
-    ids: dict[int, str] = {}
-    keys: dict[str, ConversationKey] = {}
-    for conv in convs:
-        key = keys[conv.sample_id] = ConversationKey("bench", "locomo", conv.sample_id)
-        news = [NewMessage(key, "user", t.content, sender=t.speaker) for t in conv.turns]
-
-        def insert(
-            w: Writes, news: list[NewMessage] = news, turns: tuple[Turn, ...] = conv.turns
-        ) -> list[Message]:
-            return [
-                w.insert_message(n, created_at=t.created_at)
-                for n, t in zip(news, turns, strict=True)
-            ]
-
-        for m, t in zip(db.write(insert, label="bench seed"), conv.turns, strict=True):
-            ids[m.id] = t.dia
-    return keys, ids
-
-
 def run_fermix(convs: list[Conversation], workdir: Path) -> Run:
     """The hybrid, fermix's full-text search and bm25 alone on one index; then ablations."""
     home = Home(workdir)
@@ -252,14 +242,7 @@ def run_fermix(convs: list[Conversation], workdir: Path) -> Run:
             ablations = []
             for name, label, method in ABLATIONS:
                 score = Score(label)
-                for conv in convs:
-                    key = keys[conv.sample_id]
-                    for question in conv.questions:
-                        t0 = time.perf_counter()
-                        with db.read() as reads:
-                            found = method(reads, question.text, key)
-                        elapsed = (time.perf_counter() - t0) * 1000
-                        score.add(conv.sample_id, question, [ids[i] for i in found], elapsed)
+                ask(score, db, convs, keys, ids, method)
                 ablations.append((name, score))
         finally:
             embedding.unregister(db, indexer)
@@ -412,12 +395,23 @@ def main(argv: list[str] | None = None) -> int:
     convs = load(args.data, quick=args.quick)
     with tempfile.TemporaryDirectory(prefix="fermix-recall-") as tmp:
         run = run_fermix(convs, Path(tmp))
+        pg = run_pg(convs, Path(tmp), hybrid(), run.hybrid)
     unicode, porter = readme_baselines(convs)
+    on_pg = [pg.hybrid] if isinstance(pg, PgRecall) else []
     render(
         console,
-        [unicode, porter, run.plain, run.lexical, run.hybrid, *(s for _, s in run.ablations)],
+        [
+            unicode,
+            porter,
+            run.plain,
+            run.lexical,
+            run.hybrid,
+            *on_pg,
+            *(s for _, s in run.ablations),
+        ],
         convs,
     )
+    render_pg(console, pg, run.hybrid)
     console.print(
         f"embedding ({run.model}): model loaded and recorded in {run.load_s:.2f} s;"
         f" {run.embedded} turns in {run.embed_s:.2f} s"
@@ -431,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     if scale_messages > 0:
         scale = run_scale(load(args.data), args.data, scale_messages, console)
         render_scale(console, scale)
-    print(json.dumps(figures(run, unicode, porter, scale)))
+    print(json.dumps(figures(run, unicode, porter, scale) | pg_figures(pg, run.hybrid)))
     return 0
 
 

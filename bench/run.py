@@ -189,6 +189,24 @@ FIGURES: dict[str, Benchmark] = {
                 "lexical_p99_ms",
                 "fermix full-text search (before)",
             ),
+            Figure(
+                "turn R@10 (%), PostgreSQL",
+                "turn_r10_pg",
+                "turn_r10",
+                "SQLite, same run",
+                if_null="no PostgreSQL could be started (pg_error says why)",
+            ),
+            Figure(
+                "turn R@10, PostgreSQL minus SQLite, absolute (points)",
+                "recall_r10_pg_abs_gap",
+                target=Target("<=", 0.5, source="issue 15"),
+                if_null="no PostgreSQL could be started (pg_error says why)",
+            ),
+            Figure(
+                "questions with the same top 10 on PostgreSQL and SQLite (share)",
+                "same_top10_share_pg",
+                if_null="no PostgreSQL could be started (pg_error says why)",
+            ),
             Figure("scale case: messages", "scale_messages"),
             Figure(
                 "scale: one conversation's search p99 (ms), hybrid",
