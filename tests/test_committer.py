@@ -333,6 +333,26 @@ def test_a1_s8_a_batchs_callers_are_answered_even_when_the_next_batch_fails(
     assert _stored(tmp_path) == ["committed"]
 
 
+@pytest.mark.parametrize("attempts", [1, 2, 3])
+def test_s8_a_policy_of_n_attempts_runs_a_busy_batch_n_times(tmp_path: Path, attempts: int) -> None:
+    """``RetryPolicy(attempts=n)`` tries a batch that keeps failing transiently exactly n
+    times (one attempt: no retry at all), then fails it typed."""
+    committer = Committer(
+        open_database(tmp_path / "memory.db"),
+        retry=RetryPolicy(attempts=attempts, initial_wait_s=0.001, max_wait_s=0.002),
+    )
+    tries = []
+
+    def busy(conn: apsw.Connection) -> None:
+        tries.append(1)
+        raise apsw.BusyError("another process holds the write lock")
+
+    with pytest.raises(WriteFailedError):
+        committer.run(busy)
+    committer.close()
+    assert len(tries) == attempts
+
+
 class _InterruptedOnce:
     """A caller's wake-up lock whose first wait is interrupted (as by KeyboardInterrupt)."""
 

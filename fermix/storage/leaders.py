@@ -219,6 +219,8 @@ class GroupCommit:
                 self._commit(batch)
             except self.transient as first:
                 # The common path pays nothing for retries; only a failed batch enters them.
+                if self._retry.attempts <= 1:
+                    raise
                 log.warning("write failed (%s), retrying: %s", labels(batch), first)
                 self._retrying()(self._commit, batch)
         except self.transient as exc:

@@ -52,7 +52,7 @@ _INSERTS = {
     for stamped in (False, True)
     for trusted in (False, True)
 }
-"""The insert, by (``created_at`` given, trust given)."""
+"""The insert, by (time given as it is, trust given)."""
 
 
 def document(content: str, key: ConversationKey, owner_id: str) -> str:
@@ -66,11 +66,15 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
     """Insert ``new`` in the caller's transaction and return the stored row.
 
     Its trust is ``new.trust``, or else its conversation's (a guest's without a row, M2).
-    Its time is ``created_at``, or else now, but not before the conversation's latest
-    message: the caller touched the conversation first, so its row is locked and every
-    message committed before this one is seen. Within a conversation times then follow ids,
-    as on SQLite, even though in the group commit's pipeline the clock is read before the
-    touch has waited for the lock, and even when another service's clock is ahead.
+    Its time is ``created_at``, or else now but not before the conversation's latest
+    message: the caller touched the conversation first, so its row is locked when the
+    insert runs and every message committed before it is seen. Within a conversation times
+    then follow ids, as on SQLite, even when another service's clock is ahead of this one's
+    (another machine: windows are read in time order, and a time behind the latest would
+    put an acknowledged message before older ones, tests/test_multi_service.py), and even
+    though in the group commit's pipeline the clock is read before the touch has waited for
+    the lock. The read of the latest time (about 20 us) is paid on every insert: reading
+    the clock after the lock is not enough, since the clocks of two services need not agree.
 
     A client key already stored in the conversation, by this transaction or one committed
     (in any process), is a ``psycopg.errors.UniqueViolation``; the PostgreSQL committer
@@ -90,12 +94,13 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
         new.content,
         new.metadata_json(),
     )
+    stamped = created_at is not None
     params: list[Any] = [*values, now_ms() if created_at is None else created_at]
-    if created_at is None:
+    if not stamped:
         params.extend(key)
     params += [new.client_key, document(new.content, new.key, new.owner_id)]
     params.extend(key if new.trust is None else (new.trust,))
-    sql = _INSERTS[(created_at is not None, new.trust is not None)]
+    sql = _INSERTS[(stamped, new.trust is not None)]
     message_id, stored_at, trust = fetch_rows(conn, sql, params)[0]
     return Message(int(message_id), *values, int(stored_at), trust, new.client_key)
 
