@@ -20,7 +20,7 @@ from fermix.model import ConversationKey, ConversationState, Message, check_trus
 from fermix.storage import messages
 from fermix.storage.connection import fetch_rows, fetch_value
 
-_COLUMNS = (
+COLUMNS = (
     "agent_id",
     "channel",
     "chat_id",
@@ -39,7 +39,8 @@ _COLUMNS = (
     "created_at",
     "updated_at",
 )
-_SELECT = ", ".join(_COLUMNS)
+"""The columns of a conversation row, in :class:`~fermix.model.ConversationState`'s order."""
+_SELECT = ", ".join(COLUMNS)
 _WHERE_KEY = "agent_id = ? AND channel = ? AND chat_id = ? AND thread_scope = ?"
 
 
@@ -68,7 +69,7 @@ def touch(conn: apsw.Connection, key: ConversationKey, *, owner_id: str, trust: 
 
 def update(conn: apsw.Connection, /, key: ConversationKey, **fields: Any) -> None:
     """Set some columns of an existing conversation row (caller's transaction)."""
-    unknown = set(fields) - set(_COLUMNS[4:])
+    unknown = set(fields) - set(COLUMNS[4:])
     if unknown:
         raise InvalidInputError(f"not conversation state columns: {sorted(unknown)}")
     fields.setdefault("updated_at", now_ms())
@@ -95,7 +96,8 @@ WindowMark = tuple[int, int, int | None]
 checkpoint_message_id)``. The version moves with every message stored in the conversation
 and every move of the window, by any process (migration 4, M4)."""
 
-_NO_MARK: WindowMark = (0, 0, None)
+NO_MARK: WindowMark = (0, 0, None)
+"""The mark of a conversation without a row."""
 
 
 def window_mark(conn: apsw.Connection, key: ConversationKey) -> WindowMark:
@@ -107,7 +109,7 @@ def window_mark(conn: apsw.Connection, key: ConversationKey) -> WindowMark:
         f" WHERE {_WHERE_KEY}",
         key.as_tuple(),
     )
-    return (int(rows[0][0]), int(rows[0][1]), rows[0][2]) if rows else _NO_MARK
+    return (int(rows[0][0]), int(rows[0][1]), rows[0][2]) if rows else NO_MARK
 
 
 def window_snapshot(
@@ -307,10 +309,10 @@ def claim_due_reviews(
     return sorted(ConversationKey(*row) for row in rows)
 
 
-def _still_due(cursor: str) -> str:
-    """``review_due_at`` once the review cursor is ``cursor`` (an SQL expression): kept
-    while user messages after it wait (from the oldest of them if it was missing), NULL
-    when none does."""
+def still_due(cursor: str) -> str:
+    """``review_due_at`` once the review cursor is ``cursor`` (an SQL expression, in either
+    dialect): kept while user messages after it wait (from the oldest of them if it was
+    missing), NULL when none does."""
     backlog = (
         " FROM messages AS m WHERE m.agent_id = conversations.agent_id"
         " AND m.channel = conversations.channel AND m.chat_id = conversations.chat_id"
@@ -333,7 +335,7 @@ def finish_review(
     conn.execute(
         "UPDATE conversations SET last_reviewed_at = ?, last_reviewed_message_id = ?,"
         " review_failed_at = NULL, review_claim_token = NULL, review_claim_expires_at = NULL,"
-        f" updated_at = ?, review_due_at = {_still_due('?')}"
+        f" updated_at = ?, review_due_at = {still_due('?')}"
         f" WHERE {_WHERE_KEY} AND review_claim_token = ?",
         (now, last_message_id, now, last_message_id, last_message_id, *key.as_tuple(), token),
     )
@@ -346,7 +348,7 @@ def release_review(conn: apsw.Connection, key: ConversationKey, *, token: str) -
     conversation stays due while user messages after its cursor wait."""
     conn.execute(
         "UPDATE conversations SET review_claim_token = NULL, review_claim_expires_at = NULL,"
-        f" review_due_at = {_still_due('conversations.last_reviewed_message_id')}"
+        f" review_due_at = {still_due('conversations.last_reviewed_message_id')}"
         f" WHERE {_WHERE_KEY} AND review_claim_token = ?",
         (*key.as_tuple(), token),
     )
@@ -393,7 +395,7 @@ def with_new_user_messages(
         if value is not None:
             where.append(f"c.{column} = ?")
             params.append(value)
-    columns = ", ".join(f"c.{name}" for name in _COLUMNS)
+    columns = ", ".join(f"c.{name}" for name in COLUMNS)
     sql = (
         f"SELECT {columns}, count(m.id) AS pending FROM conversations AS c JOIN messages AS m"
         " ON m.agent_id = c.agent_id AND m.channel = c.channel AND m.chat_id = c.chat_id"

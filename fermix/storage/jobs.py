@@ -6,6 +6,7 @@ source's id as scope id, so a run sees only its own memories (T2).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import apsw
@@ -16,14 +17,51 @@ from fermix.errors import InvalidInputError, NotFoundError
 from fermix.model import RUN_STATUSES, SOURCE_TYPES, JobRun, MemorySource, ScheduledJob
 from fermix.storage.connection import fetch_rows
 
-_SOURCE_COLS = "id, agent_id, owner_id, source_type, name, description, created_at"
-_JOB_COLS = (
+SOURCE_COLUMNS = "id, agent_id, owner_id, source_type, name, description, created_at"
+JOB_COLUMNS = (
     "id, agent_id, owner_id, name, schedule, prompt, memory_source_id, enabled, next_run_at,"
     " created_at, updated_at"
 )
-_RUN_COLS = "id, job_id, status, output, error, started_at, finished_at"
+RUN_COLUMNS = "id, job_id, status, output, error, started_at, finished_at"
 MAX_RUN_TEXT = 100_000
 """The longest output or error a run records, in characters."""
+
+
+def check_source(
+    *, agent_id: str, owner_id: str, source_type: str, name: str, description: str
+) -> None:
+    """Refuse, before anything is written, a source :func:`ensure_source` may not store."""
+    validate.identifier("agent_id", agent_id)
+    validate.identifier("owner_id", owner_id, allow_empty=True)
+    validate.text("name", name, max_chars=200, allow_empty=False)
+    validate.text("description", description, max_chars=2000)
+    if source_type not in SOURCE_TYPES:
+        raise InvalidInputError(f"source_type must be one of {SOURCE_TYPES}, not {source_type!r}")
+
+
+def check_job(*, schedule: str, prompt: str) -> None:
+    """Refuse, before anything is written, a job :func:`create_job` may not store."""
+    validate.text("schedule", schedule, max_chars=200, allow_empty=False)
+    validate.text("prompt", prompt, max_chars=100_000, allow_empty=False)
+
+
+def check_finish(*, status: str, output: str, error: str | None) -> None:
+    """Refuse, before the run is read, an outcome :func:`finish_run` may not record: a
+    failed run says why, a succeeded one has no error."""
+    if status not in RUN_STATUSES[1:]:
+        raise InvalidInputError(f"a finished run's status is succeeded or failed, not {status!r}")
+    validate.text("output", output, max_chars=MAX_RUN_TEXT)
+    if status == "failed":
+        validate.text("error", error, max_chars=MAX_RUN_TEXT, allow_empty=False)
+    elif error is not None:
+        raise InvalidInputError("a succeeded run has no error: finish it as failed instead")
+
+
+def job_of(row: Sequence[Any]) -> ScheduledJob:
+    """The job of one ``SELECT`` of :data:`JOB_COLUMNS`."""
+    values = list(row)
+    values[7] = bool(values[7])
+    return ScheduledJob(*values)
 
 
 def ensure_source(
@@ -37,12 +75,13 @@ def ensure_source(
     now: int | None = None,
 ) -> MemorySource:
     """The source with this agent, type and name, created if missing (caller's transaction)."""
-    validate.identifier("agent_id", agent_id)
-    validate.identifier("owner_id", owner_id, allow_empty=True)
-    validate.text("name", name, max_chars=200, allow_empty=False)
-    validate.text("description", description, max_chars=2000)
-    if source_type not in SOURCE_TYPES:
-        raise InvalidInputError(f"source_type must be one of {SOURCE_TYPES}, not {source_type!r}")
+    check_source(
+        agent_id=agent_id,
+        owner_id=owner_id,
+        source_type=source_type,
+        name=name,
+        description=description,
+    )
     conn.execute(
         "INSERT INTO memory_sources (agent_id, owner_id, source_type, name, description,"
         " created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (agent_id, source_type, name)"
@@ -51,7 +90,7 @@ def ensure_source(
     )
     row = fetch_rows(
         conn,
-        f"SELECT {_SOURCE_COLS} FROM memory_sources WHERE agent_id = ? AND source_type = ?"
+        f"SELECT {SOURCE_COLUMNS} FROM memory_sources WHERE agent_id = ? AND source_type = ?"
         " AND name = ?",
         (agent_id, source_type, name),
     )[0]
@@ -60,7 +99,9 @@ def ensure_source(
 
 def get_source(conn: apsw.Connection, source_id: int) -> MemorySource | None:
     """The source with ``source_id``, or None."""
-    rows = fetch_rows(conn, f"SELECT {_SOURCE_COLS} FROM memory_sources WHERE id = ?", (source_id,))
+    rows = fetch_rows(
+        conn, f"SELECT {SOURCE_COLUMNS} FROM memory_sources WHERE id = ?", (source_id,)
+    )
     return MemorySource(*rows[0]) if rows else None
 
 
@@ -68,7 +109,7 @@ def list_sources(
     conn: apsw.Connection, *, agent_id: str, owner_id: str | None = None
 ) -> list[MemorySource]:
     """Sources of an agent; with ``owner_id``, those of that owner and the agent's shared ones."""
-    sql = f"SELECT {_SOURCE_COLS} FROM memory_sources WHERE agent_id = ?"
+    sql = f"SELECT {SOURCE_COLUMNS} FROM memory_sources WHERE agent_id = ?"
     params: list[Any] = [agent_id]
     if owner_id is not None:
         sql += " AND owner_id IN (?, '')"
@@ -87,8 +128,7 @@ def create_job(
     now: int | None = None,
 ) -> ScheduledJob:
     """Create a scheduled job and its memory source, in the caller's transaction."""
-    validate.text("schedule", schedule, max_chars=200, allow_empty=False)
-    validate.text("prompt", prompt, max_chars=100_000, allow_empty=False)
+    check_job(schedule=schedule, prompt=prompt)
     ts = now_ms() if now is None else now
     source = ensure_source(
         conn, agent_id=agent_id, source_type="job", name=name, owner_id=owner_id, now=ts
@@ -102,41 +142,35 @@ def create_job(
             conn,
             "INSERT INTO scheduled_jobs (agent_id, owner_id, name, schedule, prompt,"
             " memory_source_id, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-            f" RETURNING {_JOB_COLS}",
+            f" RETURNING {JOB_COLUMNS}",
             (agent_id, owner_id, name, schedule, prompt, source.id, ts, ts),
         )[0]
     except apsw.ConstraintError:
         raise InvalidInputError(f"agent {agent_id!r} already has a job named {name!r}") from None
-    return _job(row)
-
-
-def _job(row: tuple[Any, ...]) -> ScheduledJob:
-    values = list(row)
-    values[7] = bool(values[7])
-    return ScheduledJob(*values)
+    return job_of(row)
 
 
 def get_job(conn: apsw.Connection, job_id: int) -> ScheduledJob:
     """The job with ``job_id``, or :class:`NotFoundError`."""
-    rows = fetch_rows(conn, f"SELECT {_JOB_COLS} FROM scheduled_jobs WHERE id = ?", (job_id,))
+    rows = fetch_rows(conn, f"SELECT {JOB_COLUMNS} FROM scheduled_jobs WHERE id = ?", (job_id,))
     if not rows:
         raise NotFoundError(f"no scheduled job with id {job_id}")
-    return _job(rows[0])
+    return job_of(rows[0])
 
 
 def list_jobs(conn: apsw.Connection, *, agent_id: str | None = None) -> list[ScheduledJob]:
     """Scheduled jobs, of one agent when given."""
-    sql = f"SELECT {_JOB_COLS} FROM scheduled_jobs"
+    sql = f"SELECT {JOB_COLUMNS} FROM scheduled_jobs"
     params: tuple[Any, ...] = ()
     if agent_id is not None:
         sql += " WHERE agent_id = ?"
         params = (agent_id,)
-    return [_job(r) for r in fetch_rows(conn, sql + " ORDER BY id", params)]
+    return [job_of(r) for r in fetch_rows(conn, sql + " ORDER BY id", params)]
 
 
 def get_run(conn: apsw.Connection, run_id: int) -> JobRun | None:
     """The run with ``run_id``, or None."""
-    rows = fetch_rows(conn, f"SELECT {_RUN_COLS} FROM job_runs WHERE id = ?", (run_id,))
+    rows = fetch_rows(conn, f"SELECT {RUN_COLUMNS} FROM job_runs WHERE id = ?", (run_id,))
     return JobRun(*rows[0]) if rows else None
 
 
@@ -146,7 +180,7 @@ def start_run(conn: apsw.Connection, job_id: int, *, now: int | None = None) -> 
     row = fetch_rows(
         conn,
         f"INSERT INTO job_runs (job_id, status, started_at) VALUES (?, 'running', ?)"
-        f" RETURNING {_RUN_COLS}",
+        f" RETURNING {RUN_COLUMNS}",
         (job_id, now_ms() if now is None else now),
     )[0]
     return JobRun(*row)
@@ -166,13 +200,7 @@ def finish_run(
     A failed run says why (``error``); a succeeded one has no error. A run that already
     finished is refused, its outcome kept.
     """
-    if status not in RUN_STATUSES[1:]:
-        raise InvalidInputError(f"a finished run's status is succeeded or failed, not {status!r}")
-    validate.text("output", output, max_chars=MAX_RUN_TEXT)
-    if status == "failed":
-        validate.text("error", error, max_chars=MAX_RUN_TEXT, allow_empty=False)
-    elif error is not None:
-        raise InvalidInputError("a succeeded run has no error: finish it as failed instead")
+    check_finish(status=status, output=output, error=error)
     run = get_run(conn, run_id)
     if run is None:
         raise NotFoundError(f"no job run with id {run_id}")
@@ -181,7 +209,7 @@ def finish_run(
     rows = fetch_rows(
         conn,
         "UPDATE job_runs SET status = ?, output = ?, error = ?, finished_at = ? WHERE id = ?"
-        f" RETURNING {_RUN_COLS}",
+        f" RETURNING {RUN_COLUMNS}",
         (status, output, error, now_ms() if now is None else now, run_id),
     )
     return JobRun(*rows[0])
@@ -192,7 +220,7 @@ def list_runs(conn: apsw.Connection, job_id: int, *, limit: int = 20) -> list[Jo
     return [
         JobRun(*r)
         for r in conn.execute(
-            f"SELECT {_RUN_COLS} FROM job_runs WHERE job_id = ? ORDER BY started_at DESC, id DESC"
+            f"SELECT {RUN_COLUMNS} FROM job_runs WHERE job_id = ? ORDER BY started_at DESC, id DESC"
             " LIMIT ?",
             (job_id, limit),
         )

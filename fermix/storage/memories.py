@@ -15,12 +15,10 @@ import apsw
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import PROMOTE_TARGETS, MemoryRow, Provenance, Scope, check_category
+from fermix.model import MemoryRow, Provenance, Scope
 from fermix.storage import fts
 from fermix.storage.connection import fetch_rows, fetch_value
-
-MAX_KEY_CHARS = 200
-MAX_VALUE_CHARS = 10_000
+from fermix.storage.memory_writes import check_replacement, replacement_values, upsert_values
 
 COLUMNS = (
     "id",
@@ -73,17 +71,18 @@ def upsert(
 
     Updating an archived row brings it back: writing a fact again means it holds again.
     """
-    validate.identifier("agent_id", agent_id)
-    validate.identifier("owner_id", owner_id, allow_empty=True)
-    check_category(category)
-    validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
-    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
-    if promote_target is not None and promote_target not in PROMOTE_TARGETS:
-        raise InvalidInputError(f"promote_target must be one of {PROMOTE_TARGETS} or None")
-    if not 0.0 <= confidence <= 1.0:
-        raise InvalidInputError(f"confidence must be between 0 and 1, not {confidence}")
-    ts = now_ms() if now is None else now
-    p = provenance
+    values = upsert_values(
+        agent_id=agent_id,
+        owner_id=owner_id,
+        scope=scope,
+        category=category,
+        key=key,
+        value=value,
+        promote_target=promote_target,
+        confidence=confidence,
+        provenance=provenance,
+        now=now,
+    )
     rows = fetch_rows(
         conn,
         "INSERT INTO memories (agent_id, owner_id, scope_type, scope_id, category, key, value,"
@@ -99,26 +98,7 @@ def upsert(
         " source_message_id = excluded.source_message_id, archived_at = NULL,"
         " archived_by = NULL, archive_reason = NULL, updated_at = excluded.updated_at"
         f" RETURNING {_SELECT}",
-        (
-            agent_id,
-            owner_id,
-            scope.type,
-            scope.id,
-            category,
-            key,
-            value,
-            confidence,
-            promote_target,
-            p.source_id,
-            p.source_type,
-            p.source_name,
-            p.source_description,
-            p.session_id,
-            p.run_id,
-            p.source_message_id,
-            ts,
-            ts,
-        ),
+        values,
     )
     return row_of(rows[0])
 
@@ -134,20 +114,10 @@ def replace_value(
     now: int | None = None,
 ) -> MemoryRow:
     """Update a row's value (and optionally key and category) by id, in the caller's transaction."""
-    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
-    if key is not None:
-        validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
-    if category is not None:
-        check_category(category)
+    check_replacement(value=value, key=key, category=category)
     current = require(conn, memory_id)
-    p = provenance or Provenance(
-        current.source_id,
-        current.source_type,
-        current.source_name,
-        current.source_description,
-        current.session_id,
-        current.run_id,
-        current.source_message_id,
+    values = replacement_values(
+        current, value=value, key=key, category=category, provenance=provenance, now=now
     )
     try:
         rows = fetch_rows(
@@ -156,20 +126,7 @@ def replace_value(
             " source_type = ?, source_name = ?, source_description = ?, session_id = ?,"
             " run_id = ?, source_message_id = ?, archived_at = NULL, archived_by = NULL,"
             f" archive_reason = NULL, updated_at = ? WHERE id = ? RETURNING {_SELECT}",
-            (
-                value,
-                current.key if key is None else key,
-                current.category if category is None else category,
-                p.source_id,
-                p.source_type,
-                p.source_name,
-                p.source_description,
-                p.session_id,
-                p.run_id,
-                p.source_message_id,
-                now_ms() if now is None else now,
-                memory_id,
-            ),
+            (*values, memory_id),
         )
     except apsw.ConstraintError:
         raise InvalidInputError(f"another row in the same scope already has key {key!r}") from None

@@ -54,9 +54,7 @@ def relevant(
         return []
     place = " OR ".join("(m.owner_id = ? AND m.scope_type = ? AND m.scope_id = ?)" for _ in places)
     where = f"m.agent_id = ? AND m.archived_at IS NULL AND ({place})"
-    params: list[Any] = [agent_id]
-    for owner_id, scope in places:
-        params.extend((owner_id, scope.type, scope.id))
+    params = place_params(agent_id, places)
     columns = ", ".join(f"m.{c}" for c in COLUMNS)
     sql = (
         f"SELECT {columns} FROM memories_fts JOIN memories AS m ON m.id = memories_fts.rowid"
@@ -68,11 +66,39 @@ def relevant(
     scope_rows = fetch_value(
         conn, f"SELECT count(*) FROM memories AS m WHERE {where}", tuple(params)
     )
-    scores = fts.rank(
+    return rerank(
         " ".join(words),
-        [f"{row.key} {row.value}" for row in found],
+        found,
         scope_rows=int(scope_rows),
         tokenize=fts.tokenizer(conn),
+        limit=limit,
+    )
+
+
+def place_params(agent_id: str, places: Sequence[tuple[str, Scope]]) -> list[Any]:
+    """The parameters of :func:`relevant`'s filter: ``agent_id``, then each place's owner
+    id, scope type and scope id."""
+    params: list[Any] = [agent_id]
+    for owner_id, scope in places:
+        params.extend((owner_id, scope.type, scope.id))
+    return params
+
+
+def rerank(
+    words: str,
+    found: Sequence[MemoryRow],
+    *,
+    scope_rows: int,
+    tokenize: fts.Tokenize,
+    limit: int,
+) -> list[MemoryRow]:
+    """The best ``limit`` of the candidates ``found`` for ``words`` by :func:`fts.rank`, with
+    ``scope_rows`` the rows of the places searched; ties keep the candidates' order."""
+    scores = fts.rank(
+        words,
+        [f"{row.key} {row.value}" for row in found],
+        scope_rows=scope_rows,
+        tokenize=tokenize,
     )
     best = sorted(range(len(found)), key=lambda i: -scores[i])[:limit]
     return [found[i] for i in best]

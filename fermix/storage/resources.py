@@ -14,6 +14,16 @@ from fermix.model import Resource, Revision
 from fermix.model import check_resource_name as check_name
 from fermix.storage.connection import fetch_rows, fetch_value
 
+RESOURCE_SELECT = "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
+"""A ``SELECT`` of :class:`~fermix.model.Resource`'s columns, for a ``WHERE`` to follow."""
+REVISION_SELECT = (
+    "SELECT r.resource_id, s.agent_id, s.owner_id, s.name, r.revision, r.content,"
+    " r.content_sha1, r.reason, r.created_at"
+    " FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
+)
+"""A ``SELECT`` of :class:`~fermix.model.Revision`'s columns (revisions ``r`` of resources
+``s``), for a ``WHERE`` to follow."""
+
 
 def sha1(content: str) -> str:
     """The hex sha1 of ``content`` as UTF-8, used to tell whether a file changed."""
@@ -26,8 +36,7 @@ def get_resource(
     """The resource ``name`` of ``agent_id`` and ``owner_id``, or None."""
     rows = fetch_rows(
         conn,
-        "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
-        " WHERE agent_id = ? AND owner_id = ? AND name = ?",
+        f"{RESOURCE_SELECT} WHERE agent_id = ? AND owner_id = ? AND name = ?",
         (agent_id, owner_id, check_name(name)),
     )
     return Resource(*rows[0]) if rows else None
@@ -35,7 +44,7 @@ def get_resource(
 
 def list_resources(conn: apsw.Connection, agent_id: str | None = None) -> list[Resource]:
     """Every resource, or those of one agent, ordered by agent and name."""
-    sql = "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
+    sql = RESOURCE_SELECT
     params: tuple[Any, ...] = ()
     if agent_id is not None:
         sql += " WHERE agent_id = ?"
@@ -43,13 +52,6 @@ def list_resources(conn: apsw.Connection, agent_id: str | None = None) -> list[R
     return [
         Resource(*r) for r in fetch_rows(conn, sql + " ORDER BY agent_id, owner_id, name", params)
     ]
-
-
-_REVISION_SELECT = (
-    "SELECT r.resource_id, s.agent_id, s.owner_id, s.name, r.revision, r.content,"
-    " r.content_sha1, r.reason, r.created_at"
-    " FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
-)
 
 
 def current(
@@ -68,7 +70,7 @@ def get_revision(
     """Revision ``revision`` of a resource, or :class:`NotFoundError`."""
     rows = fetch_rows(
         conn,
-        _REVISION_SELECT + " WHERE s.agent_id = ? AND s.owner_id = ? AND s.name = ?"
+        REVISION_SELECT + " WHERE s.agent_id = ? AND s.owner_id = ? AND s.name = ?"
         " AND r.revision = ?",
         (agent_id, owner_id, check_name(name), revision),
     )
@@ -87,7 +89,7 @@ def history(
 ) -> list[Revision]:
     """Revisions of a resource, newest first."""
     sql = (
-        _REVISION_SELECT
+        REVISION_SELECT
         + " WHERE s.agent_id = ? AND s.owner_id = ? AND s.name = ? ORDER BY r.revision DESC"
     )
     params: list[Any] = [agent_id, owner_id, check_name(name)]

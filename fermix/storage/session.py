@@ -168,7 +168,7 @@ class Writes(Reads):
         mark = (owner_id, trust)
         if known.get(key) == mark:
             return
-        _conversations.touch(self._conn, key, owner_id=owner_id, trust=trust)
+        self.touch_conversation(key, owner_id=owner_id, trust=trust)  # this adapter's touch
         if len(known) >= _KNOWN_ROWS:
             known.clear()
         known[key] = mark

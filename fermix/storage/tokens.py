@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import apsw
@@ -10,10 +11,12 @@ import apsw
 from fermix.clock import now_ms
 from fermix.model import ApiToken
 
-_COLUMNS = "id, name, prefix, agents_json, operator, created_at, revoked_at"
+COLUMNS = "id, name, prefix, agents_json, operator, created_at, revoked_at"
+"""The columns of a token, in :class:`~fermix.model.ApiToken`'s order."""
 
 
-def _row(values: tuple[Any, ...]) -> ApiToken:
+def row_of(values: Sequence[Any]) -> ApiToken:
+    """The token of one ``SELECT`` of :data:`COLUMNS`."""
     token_id, name, prefix, agents_json, operator, created_at, revoked_at = values
     return ApiToken(
         token_id,
@@ -48,25 +51,25 @@ def insert(
 
 def get(conn: apsw.Connection, token_id: int) -> ApiToken | None:
     """The token ``token_id``, revoked or not, or None."""
-    rows = conn.execute(f"SELECT {_COLUMNS} FROM api_tokens WHERE id = ?", (token_id,)).fetchall()
-    return _row(rows[0]) if rows else None
+    rows = conn.execute(f"SELECT {COLUMNS} FROM api_tokens WHERE id = ?", (token_id,)).fetchall()
+    return row_of(rows[0]) if rows else None
 
 
 def by_secret(conn: apsw.Connection, secret_sha256: str) -> ApiToken | None:
     """The live (unrevoked) token whose secret hashes to ``secret_sha256``, or None."""
     rows = conn.execute(
-        f"SELECT {_COLUMNS} FROM api_tokens WHERE secret_sha256 = ? AND revoked_at IS NULL",
+        f"SELECT {COLUMNS} FROM api_tokens WHERE secret_sha256 = ? AND revoked_at IS NULL",
         (secret_sha256,),
     ).fetchall()
-    return _row(rows[0]) if rows else None
+    return row_of(rows[0]) if rows else None
 
 
 def list_tokens(conn: apsw.Connection, *, include_revoked: bool = False) -> list[ApiToken]:
     """Every token, oldest first; revoked ones only with ``include_revoked``."""
     where = "" if include_revoked else " WHERE revoked_at IS NULL"
     return [
-        _row(r)
-        for r in conn.execute(f"SELECT {_COLUMNS} FROM api_tokens{where} ORDER BY id").fetchall()
+        row_of(r)
+        for r in conn.execute(f"SELECT {COLUMNS} FROM api_tokens{where} ORDER BY id").fetchall()
     ]
 
 

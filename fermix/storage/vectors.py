@@ -34,6 +34,13 @@ MAX_SCOPE_ROWS = 50_000
 """The most rows of one scope a vector search reads; a larger scope is searched lexically."""
 NEAREST_ROWS = 1_000
 """The messages an approximate search of a scope too large to read returns by default."""
+SCOPE_COLUMNS = (
+    "m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.sender, m.created_at, v.vector"
+)
+"""What a search reads of each message ``m`` of a scope and its vector ``v``: the rows of
+:func:`scope_rows`."""
+VECTOR_JOIN = "LEFT JOIN message_vectors AS v ON v.message_id = m.id"
+"""Each message ``m`` with its vector ``v``, or NULL."""
 
 
 def conversation_scope(key: ConversationKey) -> str:
@@ -140,6 +147,11 @@ def messages_to_embed(conn: apsw.Connection, *, after_id: int, limit: int) -> li
         " ORDER BY m.id LIMIT ?",
         (after_id, limit),
     )
+    return pending_messages(rows)
+
+
+def pending_messages(rows: Iterable[Sequence[Any]]) -> list[PendingText]:
+    """The messages of rows (id, agent, channel, chat, thread, content) to embed."""
     return [
         PendingText(r[0], conversation_scope(ConversationKey(r[1], r[2], r[3], r[4])), r[5])
         for r in rows
@@ -155,6 +167,11 @@ def memories_to_embed(conn: apsw.Connection, *, after_id: int, limit: int) -> li
         " ORDER BY m.id LIMIT ?",
         (after_id, limit),
     )
+    return pending_memories(rows)
+
+
+def pending_memories(rows: Iterable[Sequence[Any]]) -> list[PendingText]:
+    """The memory rows of rows (id, agent, key, value) to embed."""
     return [PendingText(r[0], memory_scope(r[1]), memory_text(r[2], r[3])) for r in rows]
 
 
@@ -175,27 +192,33 @@ def _store(
         f"INSERT OR IGNORE INTO {table} ({column}, vector)"
         f" SELECT ?, ? WHERE EXISTS (SELECT 1 FROM {parent} WHERE id = ?)"
     )
-    added: dict[str, dict[int, int]] = {}
-    stored = 0
+    stored: list[StoredVector] = []
     for item in items:
         conn.execute(insert, (item.id, item.vector, item.id))
-        if conn.changes() != 1:
-            continue  # gone meanwhile, or another process stored it first
-        stored += 1
+        if conn.changes() == 1:  # else gone meanwhile, or another process stored it first
+            stored.append(item)
+    upsert = (
+        "INSERT INTO embedding_tokens (scope_id, token, count) VALUES (?, ?, ?)"
+        " ON CONFLICT (scope_id, token) DO UPDATE SET count = count + excluded.count"
+    )
+    for scope, counts in tally(stored).items():
+        if counts:
+            sid = _scope_id(conn, scope)
+            conn.executemany(upsert, [(sid, token, n) for token, n in counts.items()])
+    return len(stored)
+
+
+def tally(stored: Iterable[StoredVector]) -> dict[str, dict[int, int]]:
+    """The token counts the vectors ``stored`` add, by scope: each token's occurrences and,
+    under :data:`TOTAL`, all of them (a scope whose vectors have no tokens: empty)."""
+    added: dict[str, dict[int, int]] = {}
+    for item in stored:
         counts = added.setdefault(item.scope, {})
         for token in item.tokens:
             counts[token] = counts.get(token, 0) + 1
         if item.tokens:
             counts[TOTAL] = counts.get(TOTAL, 0) + len(item.tokens)
-    upsert = (
-        "INSERT INTO embedding_tokens (scope_id, token, count) VALUES (?, ?, ?)"
-        " ON CONFLICT (scope_id, token) DO UPDATE SET count = count + excluded.count"
-    )
-    for scope, counts in added.items():
-        if counts:
-            sid = _scope_id(conn, scope)
-            conn.executemany(upsert, [(sid, token, n) for token, n in counts.items()])
-    return stored
+    return added
 
 
 def store_message_vectors(conn: apsw.Connection, items: Iterable[StoredVector]) -> int:
@@ -221,6 +244,12 @@ def token_counts(
         " AND t.token IN (SELECT value FROM json_each(?)) GROUP BY t.token",
         (json.dumps(sorted(set(scopes))), json.dumps(wanted)),
     )
+    return split_total(rows)
+
+
+def split_total(rows: Iterable[Sequence[Any]]) -> tuple[dict[int, int], int]:
+    """Rows (token, count) as :func:`token_counts` returns them: the counts of the tokens,
+    and the :data:`TOTAL`."""
     counts = {int(token): int(n) for token, n in rows}
     total = counts.pop(TOTAL, 0)
     return counts, total
@@ -245,23 +274,19 @@ def scope_vectors(
     one ``fetchall``; the conversations are found by comparing the key columns of
     consecutive rows, so no object is made per row beyond the row's own values."""
     scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
-    columns = (
-        "m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.sender, m.created_at, v.vector"
-    )
-    vectors = "LEFT JOIN message_vectors AS v ON v.message_id = m.id"
     params: tuple[Any, ...]
     if scope.indexed:
         # One conversation: its index gives the order, and stops a scope too large early.
         sql = (
-            f"SELECT {columns} FROM messages AS m {vectors} WHERE {scope.clause()}"
+            f"SELECT {SCOPE_COLUMNS} FROM messages AS m {VECTOR_JOIN} WHERE {scope.clause()}"
             " ORDER BY m.created_at, m.id LIMIT ?"
         )
         params = scope.params
     elif scope.tokens:
         # Sorted after the LIMIT, so a scope too large stops the read at limit + 1 rows.
         sql = (
-            f"SELECT * FROM (SELECT {columns} FROM messages_fts"
-            f" JOIN messages AS m ON m.id = messages_fts.rowid {vectors}"
+            f"SELECT * FROM (SELECT {SCOPE_COLUMNS} FROM messages_fts"
+            f" JOIN messages AS m ON m.id = messages_fts.rowid {VECTOR_JOIN}"
             f" WHERE messages_fts MATCH ? AND {scope.clause()} LIMIT ?)"
             " ORDER BY agent_id, channel, chat_id, thread_scope, created_at, id"
         )

@@ -25,35 +25,15 @@ from psycopg import pq
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError
 from fermix.model import ConversationKey, ConversationState, Message, check_trust
-from fermix.storage.conversations import WindowMark, due_params
+from fermix.storage.conversations import COLUMNS, NO_MARK, WindowMark, due_params, still_due
 from fermix.storage.pg import messages
 from fermix.storage.pg.connection import Conn, execute, fetch_rows, fetch_value, send
 
-_COLUMNS = (
-    "agent_id",
-    "channel",
-    "chat_id",
-    "thread_scope",
-    "owner_id",
-    "trust",
-    "window_after_id",
-    "checkpoint_message_id",
-    "last_reviewed_at",
-    "last_reviewed_message_id",
-    "review_failed_at",
-    "review_claim_token",
-    "review_claim_expires_at",
-    "peak_prompt_tokens",
-    "compaction_failed_at",
-    "created_at",
-    "updated_at",
-)
-_SELECT = ", ".join(_COLUMNS)
+_SELECT = ", ".join(COLUMNS)
 _WHERE_KEY = "agent_id = %s AND channel = %s AND chat_id = %s AND thread_scope = %s"
 _KEY_ORDER = (
     'agent_id COLLATE "C", channel COLLATE "C", chat_id COLLATE "C", thread_scope COLLATE "C"'
 )
-_NO_MARK: WindowMark = (0, 0, None)
 
 
 def get(conn: Conn, key: ConversationKey) -> ConversationState | None:
@@ -84,7 +64,7 @@ def touch(conn: Conn, key: ConversationKey, *, owner_id: str, trust: str) -> Non
 
 def update(conn: Conn, /, key: ConversationKey, **fields: Any) -> None:
     """Set some columns of an existing conversation row (caller's transaction)."""
-    unknown = set(fields) - set(_COLUMNS[4:])
+    unknown = set(fields) - set(COLUMNS[4:])
     if unknown:
         raise InvalidInputError(f"not conversation state columns: {sorted(unknown)}")
     fields.setdefault("updated_at", now_ms())
@@ -111,7 +91,7 @@ def window_mark(conn: Conn, key: ConversationKey) -> WindowMark:
         f" WHERE {_WHERE_KEY}",
         key.as_tuple(),
     )
-    return (int(rows[0][0]), int(rows[0][1]), rows[0][2]) if rows else _NO_MARK
+    return (int(rows[0][0]), int(rows[0][1]), rows[0][2]) if rows else NO_MARK
 
 
 def window_snapshot(
@@ -296,20 +276,6 @@ def claim_due_reviews(
     return sorted(ConversationKey(*row) for row in rows)
 
 
-def _still_due(cursor: str) -> str:
-    """``review_due_at`` once the review cursor is ``cursor`` (as on SQLite)."""
-    backlog = (
-        " FROM messages AS m WHERE m.agent_id = conversations.agent_id"
-        " AND m.channel = conversations.channel AND m.chat_id = conversations.chat_id"
-        " AND m.thread_scope = conversations.thread_scope"
-        f" AND m.role = 'user' AND m.id > {cursor}"
-    )
-    return (
-        f"CASE WHEN EXISTS (SELECT 1{backlog})"
-        f" THEN coalesce(review_due_at, (SELECT min(m.created_at){backlog})) END"
-    )
-
-
 def _lock_claimed(conn: Conn, key: ConversationKey, token: str) -> bool:
     """Lock the row of ``key`` if ``token`` holds its claim (then later statements see every
     append that held it, committed)."""
@@ -331,7 +297,7 @@ def finish_review(
         conn,
         "UPDATE conversations SET last_reviewed_at = %s, last_reviewed_message_id = %s,"
         " review_failed_at = NULL, review_claim_token = NULL, review_claim_expires_at = NULL,"
-        f" updated_at = %s, review_due_at = {_still_due('%s')} WHERE {_WHERE_KEY}",
+        f" updated_at = %s, review_due_at = {still_due('%s')} WHERE {_WHERE_KEY}",
         (now, last_message_id, now, last_message_id, last_message_id, *key.as_tuple()),
     )
     return True
@@ -346,7 +312,7 @@ def release_review(conn: Conn, key: ConversationKey, *, token: str) -> bool:
     execute(
         conn,
         "UPDATE conversations SET review_claim_token = NULL, review_claim_expires_at = NULL,"
-        f" review_due_at = {_still_due('conversations.last_reviewed_message_id')}"
+        f" review_due_at = {still_due('conversations.last_reviewed_message_id')}"
         f" WHERE {_WHERE_KEY}",
         key.as_tuple(),
     )
@@ -395,7 +361,7 @@ def with_new_user_messages(
         if value is not None:
             where.append(f"c.{column} = %s")
             params.append(value)
-    columns = ", ".join(f"c.{name}" for name in _COLUMNS)
+    columns = ", ".join(f"c.{name}" for name in COLUMNS)
     sql = (
         f"SELECT {columns}, count(m.id) AS pending FROM conversations AS c JOIN messages AS m"
         " ON m.agent_id = c.agent_id AND m.channel = c.channel AND m.chat_id = c.chat_id"

@@ -29,8 +29,9 @@ from typing import Any
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import PROMOTE_TARGETS, MemoryRow, Provenance, Scope, check_category
-from fermix.storage.memories import COLUMNS, MAX_KEY_CHARS, MAX_VALUE_CHARS, row_of
+from fermix.model import MemoryRow, Provenance, Scope
+from fermix.storage.memories import COLUMNS, row_of
+from fermix.storage.memory_writes import check_replacement, replacement_values, upsert_values
 from fermix.storage.pg import stems
 from fermix.storage.pg.connection import Conn, fetch_rows, fetch_value
 
@@ -89,17 +90,18 @@ def upsert(
 ) -> MemoryRow:
     """Insert a row, or update the one with the same unique key (S5), in the caller's
     transaction. Updating an archived row brings it back."""
-    validate.identifier("agent_id", agent_id)
-    validate.identifier("owner_id", owner_id, allow_empty=True)
-    check_category(category)
-    validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
-    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
-    if promote_target is not None and promote_target not in PROMOTE_TARGETS:
-        raise InvalidInputError(f"promote_target must be one of {PROMOTE_TARGETS} or None")
-    if not 0.0 <= confidence <= 1.0:
-        raise InvalidInputError(f"confidence must be between 0 and 1, not {confidence}")
-    ts = now_ms() if now is None else now
-    p = provenance
+    values = upsert_values(
+        agent_id=agent_id,
+        owner_id=owner_id,
+        scope=scope,
+        category=category,
+        key=key,
+        value=value,
+        promote_target=promote_target,
+        confidence=confidence,
+        provenance=provenance,
+        now=now,
+    )
     vector, count = document(key, value)
     rows = fetch_rows(
         conn,
@@ -117,28 +119,7 @@ def upsert(
         " archived_by = NULL, archive_reason = NULL, updated_at = excluded.updated_at,"
         " stems = excluded.stems, stem_count = excluded.stem_count"
         f" RETURNING {_SELECT}",
-        (
-            agent_id,
-            owner_id,
-            scope.type,
-            scope.id,
-            category,
-            key,
-            value,
-            confidence,
-            promote_target,
-            p.source_id,
-            p.source_type,
-            p.source_name,
-            p.source_description,
-            p.session_id,
-            p.run_id,
-            p.source_message_id,
-            ts,
-            ts,
-            vector,
-            count,
-        ),
+        (*values, vector, count),
     )
     return row_of(rows[0])
 
@@ -155,11 +136,7 @@ def replace_value(
 ) -> MemoryRow:
     """Update a row's value (and optionally key and category) by id, in the caller's
     transaction; a key another row of the scope holds is an :class:`InvalidInputError`."""
-    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
-    if key is not None:
-        validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
-    if category is not None:
-        check_category(category)
+    check_replacement(value=value, key=key, category=category)
     # Locked first, so no other service changes what this keeps until the commit.
     found = fetch_rows(
         conn,
@@ -174,17 +151,10 @@ def replace_value(
     current = row_of(found[0][:-1])
     if found[0][-1]:
         raise InvalidInputError(f"another row in the same scope already has key {key!r}")
-    p = provenance or Provenance(
-        current.source_id,
-        current.source_type,
-        current.source_name,
-        current.source_description,
-        current.session_id,
-        current.run_id,
-        current.source_message_id,
+    values = replacement_values(
+        current, value=value, key=key, category=category, provenance=provenance, now=now
     )
-    new_key = current.key if key is None else key
-    vector, count = document(new_key, value)
+    vector, count = document(current.key if key is None else key, value)
     rows = fetch_rows(
         conn,
         "UPDATE memories SET value = %s, key = %s, category = %s, source_id = %s,"
@@ -192,22 +162,7 @@ def replace_value(
         " run_id = %s, source_message_id = %s, archived_at = NULL, archived_by = NULL,"
         " archive_reason = NULL, updated_at = %s, stems = %s::tsvector, stem_count = %s"
         f" WHERE id = %s RETURNING {_SELECT}",
-        (
-            value,
-            new_key,
-            current.category if category is None else category,
-            p.source_id,
-            p.source_type,
-            p.source_name,
-            p.source_description,
-            p.session_id,
-            p.run_id,
-            p.source_message_id,
-            now_ms() if now is None else now,
-            vector,
-            count,
-            memory_id,
-        ),
+        (*values, vector, count, memory_id),
     )
     return row_of(rows[0])
 

@@ -26,7 +26,7 @@ from typing import Any
 from fermix.model import MemoryRow, Scope
 from fermix.storage import fts
 from fermix.storage.memories import COLUMNS, row_of
-from fermix.storage.memory_relevance import query_words
+from fermix.storage.memory_relevance import place_params, query_words, rerank
 from fermix.storage.messages import MAX_SCOPED_MATCHES
 from fermix.storage.pg import memories, stems
 from fermix.storage.pg.connection import Conn, fetch_rows, fetch_value
@@ -201,18 +201,9 @@ def relevant(
         ["(m.owner_id = %s AND m.scope_type = %s AND m.scope_id = %s)"] * len(places)
     )
     where = f"m.agent_id = %s AND m.archived_at IS NULL AND ({place})"
-    params: list[Any] = [agent_id]
-    for owner_id, scope in places:
-        params.extend((owner_id, scope.type, scope.id))
+    params = place_params(agent_id, places)
     found = best(conn, words, [where], params, max(fts.CANDIDATES, limit))
     if not found:
         return []
     scope_rows = fetch_value(conn, f"SELECT count(*) FROM memories AS m WHERE {where}", params)
-    scores = fts.rank(
-        words,
-        [f"{row.key} {row.value}" for row in found],
-        scope_rows=int(scope_rows),
-        tokenize=stems.tokenizer(),
-    )
-    chosen = sorted(range(len(found)), key=lambda i: -scores[i])[:limit]
-    return [found[i] for i in chosen]
+    return rerank(words, found, scope_rows=int(scope_rows), tokenize=stems.tokenizer(), limit=limit)

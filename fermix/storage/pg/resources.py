@@ -23,14 +23,8 @@ from fermix.errors import NotFoundError
 from fermix.model import Resource, Revision
 from fermix.model import check_resource_name as check_name
 from fermix.storage.pg.connection import Conn, execute, fetch_rows
-from fermix.storage.resources import sha1
+from fermix.storage.resources import RESOURCE_SELECT, REVISION_SELECT, sha1
 
-_RESOURCE = "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
-_REVISION_SELECT = (
-    "SELECT r.resource_id, s.agent_id, s.owner_id, s.name, r.revision, r.content,"
-    " r.content_sha1, r.reason, r.created_at"
-    " FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
-)
 _ORDER = 'agent_id COLLATE "C", owner_id COLLATE "C", name COLLATE "C"'
 
 
@@ -38,7 +32,7 @@ def get_resource(conn: Conn, agent_id: str, name: str, *, owner_id: str = "") ->
     """The resource ``name`` of ``agent_id`` and ``owner_id``, or None."""
     rows = fetch_rows(
         conn,
-        f"{_RESOURCE} WHERE agent_id = %s AND owner_id = %s AND name = %s",
+        f"{RESOURCE_SELECT} WHERE agent_id = %s AND owner_id = %s AND name = %s",
         (agent_id, owner_id, check_name(name)),
     )
     return Resource(*rows[0]) if rows else None
@@ -47,7 +41,7 @@ def get_resource(conn: Conn, agent_id: str, name: str, *, owner_id: str = "") ->
 def list_resources(conn: Conn, agent_id: str | None = None) -> list[Resource]:
     """Every resource, or those of one agent, ordered by agent, owner and name (by code
     point, as SQLite compares text)."""
-    sql = _RESOURCE
+    sql = RESOURCE_SELECT
     params: tuple[Any, ...] = ()
     if agent_id is not None:
         sql += " WHERE agent_id = %s"
@@ -69,7 +63,7 @@ def get_revision(
     """Revision ``revision`` of a resource, or :class:`NotFoundError`."""
     rows = fetch_rows(
         conn,
-        _REVISION_SELECT + " WHERE s.agent_id = %s AND s.owner_id = %s AND s.name = %s"
+        REVISION_SELECT + " WHERE s.agent_id = %s AND s.owner_id = %s AND s.name = %s"
         " AND r.revision = %s",
         (agent_id, owner_id, check_name(name), revision),
     )
@@ -88,7 +82,7 @@ def history(
 ) -> list[Revision]:
     """Revisions of a resource, newest first."""
     sql = (
-        _REVISION_SELECT
+        REVISION_SELECT
         + " WHERE s.agent_id = %s AND s.owner_id = %s AND s.name = %s ORDER BY r.revision DESC"
     )
     params: list[Any] = [agent_id, owner_id, check_name(name)]

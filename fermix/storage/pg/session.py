@@ -9,8 +9,6 @@ signatures against the SQLite sessions and runs the same tests over both.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fermix.model import ConversationKey
 from fermix.storage.pg import conversations as _conversations
 from fermix.storage.pg import health as _health
@@ -99,9 +97,6 @@ class PgReads(Reads):
     database_file = Op(_vectors.database_file)
 
 
-_KNOWN_ROWS = 4096
-
-
 class PgWrites(PgReads, Writes):
     """The write operations (and every read), inside one write transaction.
 
@@ -115,22 +110,6 @@ class PgWrites(PgReads, Writes):
     def __init__(self, conn: Conn) -> None:
         super().__init__(conn)
         self._known: dict[ConversationKey, tuple[str, str]] = {}
-
-    def touch_known(self, key: Any, owner_id: str, trust: str) -> None:
-        """:meth:`touch_conversation`, skipped when this transaction already gave the row
-        this owner and trust."""
-        known = self._known
-        mark = (owner_id, trust)
-        if known.get(key) == mark:
-            return
-        _conversations.touch(self._conn, key, owner_id=owner_id, trust=trust)
-        if len(known) >= _KNOWN_ROWS:
-            known.clear()
-        known[key] = mark
-
-    def forget(self) -> None:
-        """Forget the conversation rows known: the next touch of each writes again."""
-        self._known.clear()
 
     # conversations
     touch_conversation = Op(_conversations.touch)

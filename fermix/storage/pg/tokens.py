@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from fermix.clock import now_ms
 from fermix.model import ApiToken
 from fermix.storage.pg.connection import Conn, fetch_rows
-
-_COLUMNS = "id, name, prefix, agents_json, operator, created_at, revoked_at"
-
-
-def _row(values: tuple[Any, ...]) -> ApiToken:
-    token_id, name, prefix, agents_json, operator, created_at, revoked_at = values
-    return ApiToken(
-        token_id,
-        name,
-        prefix,
-        tuple(json.loads(agents_json)),
-        bool(operator),
-        created_at,
-        revoked_at,
-    )
+from fermix.storage.tokens import COLUMNS, row_of
 
 
 def insert(
@@ -38,33 +23,33 @@ def insert(
     rows = fetch_rows(
         conn,
         "INSERT INTO api_tokens (name, prefix, secret_sha256, agents_json, operator, created_at)"
-        f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {_COLUMNS}",
+        f" VALUES (%s, %s, %s, %s, %s, %s) RETURNING {COLUMNS}",
         (name, prefix, secret_sha256, json.dumps(list(agents)), int(operator), now_ms()),
     )
-    return _row(rows[0])
+    return row_of(rows[0])
 
 
 def get(conn: Conn, token_id: int) -> ApiToken | None:
     """The token ``token_id``, revoked or not, or None."""
-    rows = fetch_rows(conn, f"SELECT {_COLUMNS} FROM api_tokens WHERE id = %s", (token_id,))
-    return _row(rows[0]) if rows else None
+    rows = fetch_rows(conn, f"SELECT {COLUMNS} FROM api_tokens WHERE id = %s", (token_id,))
+    return row_of(rows[0]) if rows else None
 
 
 def by_secret(conn: Conn, secret_sha256: str) -> ApiToken | None:
     """The live (unrevoked) token whose secret hashes to ``secret_sha256``, or None."""
     rows = fetch_rows(
         conn,
-        f"SELECT {_COLUMNS} FROM api_tokens WHERE secret_sha256 = %s AND revoked_at IS NULL",
+        f"SELECT {COLUMNS} FROM api_tokens WHERE secret_sha256 = %s AND revoked_at IS NULL",
         (secret_sha256,),
     )
-    return _row(rows[0]) if rows else None
+    return row_of(rows[0]) if rows else None
 
 
 def list_tokens(conn: Conn, *, include_revoked: bool = False) -> list[ApiToken]:
     """Every token, oldest first; revoked ones only with ``include_revoked``."""
     where = "" if include_revoked else " WHERE revoked_at IS NULL"
     return [
-        _row(r) for r in fetch_rows(conn, f"SELECT {_COLUMNS} FROM api_tokens{where} ORDER BY id")
+        row_of(r) for r in fetch_rows(conn, f"SELECT {COLUMNS} FROM api_tokens{where} ORDER BY id")
     ]
 
 
@@ -73,7 +58,7 @@ def revoke(conn: Conn, token_id: int) -> ApiToken | None:
     rows = fetch_rows(
         conn,
         "UPDATE api_tokens SET revoked_at = coalesce(revoked_at, %s) WHERE id = %s"
-        f" RETURNING {_COLUMNS}",
+        f" RETURNING {COLUMNS}",
         (now_ms(), token_id),
     )
-    return _row(rows[0]) if rows else None
+    return row_of(rows[0]) if rows else None

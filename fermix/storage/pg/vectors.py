@@ -50,15 +50,18 @@ from fermix.storage.pg.messages import SearchScope
 from fermix.storage.vectors import (
     MAX_SCOPE_ROWS,
     NEAREST_ROWS,
+    SCOPE_COLUMNS,
     TOTAL,
+    VECTOR_JOIN,
     Coverage,
     PendingText,
     ScopeRows,
     StoredVector,
-    conversation_scope,
-    memory_scope,
-    memory_text,
+    pending_memories,
+    pending_messages,
     scope_rows,
+    split_total,
+    tally,
 )
 
 LOOKBACK = 10_000
@@ -69,10 +72,6 @@ _IDLE = pq.TransactionStatus.IDLE
 _KEY_ORDER = (
     'agent_id COLLATE "C", channel COLLATE "C", chat_id COLLATE "C", thread_scope COLLATE "C"'
 )
-_COLUMNS = (
-    "m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.sender, m.created_at, v.vector"
-)
-_VECTORS = "LEFT JOIN message_vectors AS v ON v.message_id = m.id"
 
 # -- the recorded model ------------------------------------------------------------------
 
@@ -131,10 +130,7 @@ def messages_to_embed(conn: Conn, *, after_id: int, limit: int) -> list[PendingT
         " ORDER BY m.id LIMIT %s",
         (after_id - LOOKBACK, limit),
     )
-    return [
-        PendingText(r[0], conversation_scope(ConversationKey(r[1], r[2], r[3], r[4])), r[5])
-        for r in rows
-    ]
+    return pending_messages(rows)
 
 
 def memories_to_embed(conn: Conn, *, after_id: int, limit: int) -> list[PendingText]:
@@ -148,17 +144,11 @@ def memories_to_embed(conn: Conn, *, after_id: int, limit: int) -> list[PendingT
         " ORDER BY m.id LIMIT %s",
         (after_id - LOOKBACK, limit),
     )
-    return [PendingText(r[0], memory_scope(r[1]), memory_text(r[2], r[3])) for r in rows]
+    return pending_memories(rows)
 
 
 def _count_tokens(conn: Conn, stored: Iterable[StoredVector]) -> None:
-    added: dict[str, dict[int, int]] = {}
-    for item in stored:
-        counts = added.setdefault(item.scope, {})
-        for token in item.tokens:
-            counts[token] = counts.get(token, 0) + 1
-        if item.tokens:
-            counts[TOTAL] = counts.get(TOTAL, 0) + len(item.tokens)
+    added = tally(stored)
     names = sorted(scope for scope, counts in added.items() if counts)
     if not names:
         return
@@ -232,9 +222,7 @@ def token_counts(
         " WHERE s.name = ANY(%s::text[]) AND t.token = ANY(%s::bigint[]) GROUP BY t.token",
         (sorted(set(scopes)), sorted({*tokens, TOTAL})),
     )
-    counts = {int(token): int(n) for token, n in rows}
-    total = counts.pop(TOTAL, 0)
-    return counts, total
+    return split_total(rows)
 
 
 # -- what a search reads ------------------------------------------------------------------
@@ -253,7 +241,7 @@ def scope_vectors(
     the scope has more than ``limit`` messages or no index to read it by (an agent, the
     whole table). A conversation is read by its index, an owner by ``messages_owner``."""
     scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
-    select = f"SELECT {_COLUMNS} FROM messages AS m {_VECTORS} WHERE {scope.clause()}"
+    select = f"SELECT {SCOPE_COLUMNS} FROM messages AS m {VECTOR_JOIN} WHERE {scope.clause()}"
     if scope.indexed:
         sql = f"{select} ORDER BY m.created_at, m.id LIMIT %s"
     elif scope.tokens:
@@ -289,7 +277,7 @@ def nearest_messages(
     sql = (
         "WITH near AS MATERIALIZED (SELECT m.message_id FROM message_ann AS m"
         f" WHERE {clause} ORDER BY m.ann <=> %s::halfvec LIMIT %s)"
-        f" SELECT {_COLUMNS} FROM messages AS m {_VECTORS}"
+        f" SELECT {SCOPE_COLUMNS} FROM messages AS m {VECTOR_JOIN}"
         " WHERE m.id = ANY(ARRAY(SELECT message_id FROM near) || %s::bigint[])"
         f" AND {clause} ORDER BY {_KEY_ORDER}, m.created_at, m.id"
     )
