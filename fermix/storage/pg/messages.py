@@ -4,8 +4,9 @@ with the same results.
 The row's id is drawn by the ``messages_bi`` trigger after the conversation's row is
 locked (schema.sql), so within one conversation ids commit in order. A message is stored
 with its search stems (:mod:`fermix.storage.pg.stems`); a search finds the scope's rows
-holding a word through the GIN index over them, then ranks exactly as SQLite does
-(:func:`fermix.storage.fts.preselect` and :func:`~fermix.storage.fts.rank`).
+holding a word (a small conversation's by reading them, any other scope's through the GIN
+index over the stems), then ranks exactly as SQLite does (:func:`fermix.storage.fts.preselect`
+and :func:`~fermix.storage.fts.rank`).
 """
 
 from __future__ import annotations
@@ -188,6 +189,20 @@ def stored_after(
 
 # -- search ----------------------------------------------------------------------------
 
+DIRECT_MATCH_ROWS = 1_000
+"""The most messages a conversation may hold for a search to read them all by its index and
+match each row's stems, instead of asking the GIN index.
+
+The GIN index finds a conversation's matching rows by stepping through every search word's
+posting list from one of the conversation's runs of ids to the next, and those lists grow
+with the table: for a conversation of 500 messages the index scan read 19 pages at 20,000
+messages and 71 at 1,000,000 (p50; p99 28 and 172), while the rows it led to took 25 pages
+at both, and the statement's time went from 0.21 to 0.94 ms. Reading the whole conversation
+took 0.42 and 0.64 ms (its own pages only; at 1,000,000 messages they come from outside
+PostgreSQL's buffers). Both ways cost the same at about 2,000 messages in a table of
+1,000,000 (bench/backends.py's data: a conversation's sessions interleaved with others');
+in a smaller table the index wins sooner, hence half that."""
+
 
 @dataclass(frozen=True, slots=True)
 class SearchScope:
@@ -233,11 +248,44 @@ class SearchScope:
         """The filter as one SQL condition on ``m`` (``true`` for the whole table)."""
         return " AND ".join(self.where) or "true"
 
-    def count(self, conn: Conn) -> int:
-        """How many messages the scope holds: a conversation on its index, an owner on
-        ``messages_owner``, an agent or the table row by row."""
-        sql = f"SELECT count(*) FROM messages AS m WHERE {self.clause()}"
-        return int(fetch_value(conn, sql, self.params))
+    def count(self, conn: Conn, *, up_to: int | None = None) -> int:
+        """How many messages the scope holds (with ``up_to``, counted up to that many only):
+        a conversation on its index, an owner on ``messages_owner``, an agent or the table
+        row by row."""
+        if up_to is None:
+            sql = f"SELECT count(*) FROM messages AS m WHERE {self.clause()}"
+            return int(fetch_value(conn, sql, self.params))
+        sql = (
+            f"SELECT count(*) FROM (SELECT FROM messages AS m WHERE {self.clause()} LIMIT %s) AS s"
+        )
+        return int(fetch_value(conn, sql, (*self.params, up_to)))
+
+    def matching(self, *, direct: bool) -> str:
+        """The ids and contents of the scope's rows whose stems match a ``tsquery``: a query
+        taking the scope's parameters, then the ``tsquery``. ``direct`` reads every row of
+        the scope, by its index, and matches each one; else the GIN index finds them."""
+        if direct:
+            # OFFSET 0 keeps the match out of the subquery (a subquery with a LIMIT or an
+            # OFFSET takes no condition from outside), where the planner would find it a
+            # GIN index to AND with the conversation's.
+            return (
+                "SELECT m.id, m.content FROM (SELECT id, content, stems FROM messages AS m"
+                f" WHERE {self.clause()} OFFSET 0) AS m WHERE m.stems @@ %s::tsquery"
+            )
+        return (
+            "SELECT m.id, m.content FROM messages AS m"
+            f" WHERE {self.clause()} AND m.stems @@ %s::tsquery"
+        )
+
+
+def _small_conversation(conn: Conn, scope: SearchScope) -> int | None:
+    """How many messages ``scope`` holds when it is a conversation of at most
+    :data:`DIRECT_MATCH_ROWS` (counted on its index, no further than one past that), else
+    None."""
+    if not scope.indexed:
+        return None
+    rows = scope.count(conn, up_to=DIRECT_MATCH_ROWS + 1)
+    return rows if rows <= DIRECT_MATCH_ROWS else None
 
 
 def search(
@@ -253,12 +301,14 @@ def search(
     """Messages matching any text, best first, as :func:`fermix.storage.messages.search`
     (with ``ranked``, the ids and ranks of the best ``ranked`` candidates too).
 
-    The candidates are the scope's rows holding any search word (the GIN index over the
-    stems, intersected with the scope lexemes), in id order, so :func:`fts.preselect` and
-    :func:`fts.rank` see the rows SQLite's ``MATCH`` gives, in its order, and return the
-    same hits and ranks. Over :data:`MAX_SCOPED_MATCHES` matches, where SQLite takes the
-    best by FTS5's ``bm25()``, the candidates are the best by ``ts_rank`` instead: the one
-    case whose results may differ.
+    The candidates are the scope's rows holding any search word and the scope lexemes, in
+    id order, so :func:`fts.preselect` and :func:`fts.rank` see the rows SQLite's ``MATCH``
+    gives, in its order, and return the same hits and ranks. A conversation of at most
+    :data:`DIRECT_MATCH_ROWS` messages is read by its index and each row matched, so its
+    search costs what the conversation holds, whatever the table holds; any other scope is
+    searched through the GIN index. Over :data:`MAX_SCOPED_MATCHES` matches, where SQLite
+    takes the best by FTS5's ``bm25()``, the candidates are the best by ``ts_rank`` instead:
+    the one case whose results may differ.
     """
     if fts.build_query(text) is None or limit <= 0:
         return SearchHits()
@@ -266,14 +316,12 @@ def search(
     if words is None:
         return SearchHits()
     scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
-    select = (
-        "SELECT m.id, m.content FROM messages AS m"
-        f" WHERE m.stems @@ %s::tsquery AND {scope.clause()}"
-    )
+    small = _small_conversation(conn, scope)
+    select = scope.matching(direct=small is not None)
     match = stems.scoped(words, scope.tokens)
     candidates = max(fts.CANDIDATES, limit, ranked)
     found = fetch_rows(
-        conn, f"{select} ORDER BY m.id LIMIT %s", (match, *scope.params, MAX_SCOPED_MATCHES + 1)
+        conn, f"{select} ORDER BY m.id LIMIT %s", (*scope.params, match, MAX_SCOPED_MATCHES + 1)
     )
     if not found:
         return SearchHits()
@@ -281,9 +329,9 @@ def search(
         found = fetch_rows(
             conn,
             f"{select} ORDER BY ts_rank(m.stems, %s::tsquery) DESC, m.id LIMIT %s",
-            (match, *scope.params, words, candidates),
+            (*scope.params, match, words, candidates),
         )
-    scope_rows = scope.count(conn)
+    scope_rows = scope.count(conn) if small is None else small
     tokenize = stems.tokenizer()
     tokens = fts.tokenize_each([row[1] for row in found], tokenize)
     chosen = fts.preselect(text, tokens, scope_rows=scope_rows, keep=candidates, tokenize=tokenize)
