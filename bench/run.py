@@ -1044,7 +1044,9 @@ def section(outcome: Outcome, quick: bool) -> list[str]:
         if row.absent:
             keys = ", ".join(f"`{k}`" for k in row.absent)
             verdict = f"{verdict} (not in its JSON: {keys})".lstrip()
-        elif row.figure.if_null and (row.value is None or row.baseline is None):
+        elif row.figure.if_null and (
+            row.value is None or (row.figure.baseline is not None and row.baseline is None)
+        ):
             verdict = f"{verdict} ({row.figure.if_null})".lstrip()
         lines.append(
             f"| {row.figure.label} | {fmt(row.value)} | {baseline}"
