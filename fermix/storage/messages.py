@@ -160,6 +160,39 @@ def _hex(text: str) -> str:
     return text.encode("utf-8").hex().upper()
 
 
+def scope_filter(
+    *,
+    agent_id: str | None,
+    key: ConversationKey | None,
+    owner_id: str | None,
+    mark: str,
+) -> tuple[tuple[str, ...], tuple[Any, ...], tuple[str, ...], bool]:
+    """A search scope's parts, for either adapter's ``SearchScope`` (``mark``: the driver's
+    parameter mark): its SQL conditions on ``messages AS m``, their parameters, the scope
+    tokens its messages are indexed with, and whether the filter is a conversation's index
+    range. ``key`` wins over ``agent_id``; an owner's token needs its agent."""
+    where: list[str] = []
+    params: list[Any] = []
+    tokens: list[str] = []
+    if key is not None:
+        where.append(
+            f"m.agent_id = {mark} AND m.channel = {mark} AND m.chat_id = {mark}"
+            f" AND m.thread_scope = {mark}"
+        )
+        params.extend(key.as_tuple())
+        tokens.append(conversation_token(key))
+        agent_id = key.agent_id
+    elif agent_id is not None:
+        where.append(f"m.agent_id = {mark}")
+        params.append(agent_id)
+    if owner_id is not None:
+        where.append(f"m.owner_id = {mark}")
+        params.append(owner_id)
+        if agent_id is not None:
+            tokens.append(owner_token(agent_id, owner_id))
+    return tuple(where), tuple(params), tuple(tokens), key is not None
+
+
 @dataclass(frozen=True, slots=True)
 class SearchScope:
     """The messages one search covers: a SQL filter on ``messages AS m`` and the FTS5
@@ -181,25 +214,7 @@ class SearchScope:
         owner_id: str | None = None,
     ) -> SearchScope:
         """The scope of :func:`search`'s filters (``key`` wins over ``agent_id``)."""
-        where: list[str] = []
-        params: list[Any] = []
-        tokens: list[str] = []
-        if key is not None:
-            where.append(
-                "m.agent_id = ? AND m.channel = ? AND m.chat_id = ? AND m.thread_scope = ?"
-            )
-            params.extend(key.as_tuple())
-            tokens.append(conversation_token(key))
-            agent_id = key.agent_id
-        elif agent_id is not None:
-            where.append("m.agent_id = ?")
-            params.append(agent_id)
-        if owner_id is not None:
-            where.append("m.owner_id = ?")
-            params.append(owner_id)
-            if agent_id is not None:
-                tokens.append(owner_token(agent_id, owner_id))
-        return cls(tuple(where), tuple(params), tuple(tokens), indexed=key is not None)
+        return cls(*scope_filter(agent_id=agent_id, key=key, owner_id=owner_id, mark="?"))
 
     def clause(self) -> str:
         """The filter as one SQL condition on ``m`` (``1`` for the whole table)."""

@@ -22,6 +22,7 @@ from fermix.storage.messages import (
     SearchHits,
     conversation_token,
     owner_token,
+    scope_filter,
 )
 from fermix.storage.pg import stems
 from fermix.storage.pg.connection import Conn, fetch_rows, fetch_value
@@ -224,25 +225,7 @@ class SearchScope:
         owner_id: str | None = None,
     ) -> SearchScope:
         """The scope of :func:`search`'s filters (``key`` wins over ``agent_id``)."""
-        where: list[str] = []
-        params: list[Any] = []
-        tokens: list[str] = []
-        if key is not None:
-            where.append(
-                "m.agent_id = %s AND m.channel = %s AND m.chat_id = %s AND m.thread_scope = %s"
-            )
-            params.extend(key.as_tuple())
-            tokens.append(conversation_token(key))
-            agent_id = key.agent_id
-        elif agent_id is not None:
-            where.append("m.agent_id = %s")
-            params.append(agent_id)
-        if owner_id is not None:
-            where.append("m.owner_id = %s")
-            params.append(owner_id)
-            if agent_id is not None:
-                tokens.append(owner_token(agent_id, owner_id))
-        return cls(tuple(where), tuple(params), tuple(tokens), indexed=key is not None)
+        return cls(*scope_filter(agent_id=agent_id, key=key, owner_id=owner_id, mark="%s"))
 
     def clause(self) -> str:
         """The filter as one SQL condition on ``m`` (``true`` for the whole table)."""
