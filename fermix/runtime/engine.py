@@ -63,6 +63,10 @@ from fermix.supervisor import ChildSpec, Supervisor
 log = logging.getLogger(__name__)
 
 
+SWEEP_AGAIN_S = 1.0
+"""How soon the timer sweeps again after a sweep that claimed all it had room for."""
+
+
 class Runtime:
     """One home's database, write path, prompt files and actor tree, in this process.
 
@@ -365,8 +369,14 @@ class Runtime:
         self.check_running()
         self.timer.ran("sweep")
         room = SWEEP_CLAIMS_PER_WORKER * len(self.reviewers.ids) - sum(self.reviewers.pending())
+        claimed = self.reviewing.claim_due(room)
+        if len(claimed) >= room:
+            # Full (or the reviewers were): more may be due. The timer sweeps again soon, so
+            # a backlog of many conversations drains at the reviewers' pace, not one
+            # sweep_interval_s per handful.
+            self.timer.soon("sweep", SWEEP_AGAIN_S)
         sent = 0
-        for key in self.reviewing.claim_due(room):
+        for key in claimed:
             try:
                 if self.reviewers.tell(key, Review(key), unless_pending=True):
                     sent += 1

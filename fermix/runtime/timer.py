@@ -37,13 +37,16 @@ class Timer:
     def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._changed = threading.Condition(self._lock)
+        """Notified when a job is moved sooner or the timer stops: the thread looks again."""
+        self._stopped = False
         self.thread = threading.Thread(target=self._run, name="fermix-timer", daemon=True)
 
     def every(self, name: str, interval_s: float, run: Callable[[], bool]) -> None:
         """Run ``run`` every ``interval_s`` seconds, the first time one interval from now."""
         with self._lock:
             self._jobs[name] = _Job(name, interval_s, run)
+            self._changed.notify_all()
 
     def jobs(self) -> dict[str, float]:
         """Each job's name and interval in seconds."""
@@ -57,23 +60,45 @@ class Timer:
             if job is not None:
                 job.last = time.monotonic()
 
+    def soon(self, name: str, delay_s: float) -> None:
+        """Run job ``name`` (if there is one) within ``delay_s`` seconds, unless it is due
+        sooner anyway; later runs keep its interval."""
+        with self._lock:
+            job = self._jobs.get(name)
+            if job is not None and job.due_at > time.monotonic() + delay_s:
+                job.last = time.monotonic() + delay_s - job.interval_s
+                self._changed.notify_all()
+
     def start(self) -> None:
         self.thread.start()
 
-    def _next(self) -> tuple[_Job | None, float | None]:
+    def _next(self) -> tuple[_Job | None, float | None] | None:
+        """The job due first and how long until it is due, after waiting for that (or for a
+        change) at most once; None once stopped."""
         with self._lock:
+            if self._stopped:
+                return None
             if not self._jobs:
-                return None, None
+                self._changed.wait()
+                return self._none()
             job = min(self._jobs.values(), key=lambda j: j.due_at)
-            return job, job.due_at - time.monotonic()
+            delay = job.due_at - time.monotonic()
+            if delay > 0:
+                self._changed.wait(delay)
+                return self._none()
+            return job, delay
+
+    def _none(self) -> tuple[_Job | None, float | None] | None:
+        return None if self._stopped else (None, None)
 
     def _run(self) -> None:
         while True:
-            job, delay = self._next()
-            if self._stop.wait(None if delay is None else max(0.0, delay)):
+            found = self._next()
+            if found is None:
                 return
+            job, delay = found
             if job is None or delay is None or delay > 0:
-                continue  # an interval may have restarted meanwhile: look again
+                continue  # woken, or an interval restarted meanwhile: look again
             self.ran(job.name)
             try:
                 keep = job.run()
@@ -86,6 +111,8 @@ class Timer:
 
     def stop(self, timeout: float) -> None:
         """Stop the jobs and wait (at most ``timeout`` seconds) for one in progress."""
-        self._stop.set()
+        with self._lock:
+            self._stopped = True
+            self._changed.notify_all()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout)
