@@ -52,7 +52,7 @@ from fermix.runtime.embedding import Indexer
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
-from fermix.runtime.reviewing import SWEEP_CLAIMS_PER_WORKER, Reviewing
+from fermix.runtime.reviewing import SWEEP_AGAIN_S, SWEEP_CLAIMS_PER_WORKER, Reviewing
 from fermix.runtime.timer import Timer
 from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
@@ -61,10 +61,6 @@ from fermix.supervision.restarts import Intensity, Restart
 from fermix.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
-
-
-SWEEP_AGAIN_S = 1.0
-"""How soon the timer sweeps again after a sweep that claimed all it had room for."""
 
 
 class Runtime:

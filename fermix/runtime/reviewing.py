@@ -42,6 +42,8 @@ AGENT_TAG = "memory_reviewer"
 SWEEP_CLAIMS_PER_WORKER = 8
 """Due conversations one sweep claims at most per Reviewer: at one model timeout (60 s)
 each, all start before their claims expire (``CLAIM_TTL_MS``, 10 min)."""
+SWEEP_AGAIN_S = 1.0
+"""How soon the timer sweeps again after a sweep that claimed all it had room for."""
 
 
 class Reviewing:
