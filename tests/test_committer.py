@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -25,7 +26,8 @@ from faults import FaultVFS
 
 from fermix.errors import StorageError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage import Database, Writes, leaders, messages, open_database
+from fermix.storage import Database, Writes, affinity, leaders, messages, open_database
+from fermix.storage.affinity import WriterCpu
 from fermix.storage.committer import Committer, RetryPolicy
 
 KEY = ConversationKey("agent", "cli", "1")
@@ -101,13 +103,19 @@ def committer(tmp_path: Path) -> Iterator[Committer]:
     committer.close()
 
 
-def _hold_and_queue(committer: Committer, works: list[Work]) -> tuple[_Gate, list[Future[Any]]]:
-    """Hold the connection with a gate, then queue ``works`` in this order behind it."""
+def _held(committer: Committer) -> tuple[_WatchedQueue, _Gate, Future[Any]]:
+    """The connection held by a gate: the queue to watch, the gate, its caller's outcome."""
     watched = _WatchedQueue()
     committer._queue = watched  # the units queue here from now on
     gate = _Gate()
     gate_call = _call(committer, gate, label="gate")
     assert gate.entered.wait(WAIT_S)
+    return watched, gate, gate_call
+
+
+def _hold_and_queue(committer: Committer, works: list[Work]) -> tuple[_Gate, list[Future[Any]]]:
+    """Hold the connection with a gate, then queue ``works`` in this order behind it."""
+    watched, gate, gate_call = _held(committer)
     futures = []
     for n, work in enumerate(works, 1):
         futures.append(_call(committer, work, label=f"unit {n}"))
@@ -571,3 +579,102 @@ def test_a1_m1_an_append_brings_the_row_back_after_another_process_or_unit_chang
         mine.close()
         other.close()
     assert _stored(tmp_path) == ["a", "b", "c", "d", "e", "f"]
+
+
+# -- the writer's CPU (fermix.storage.affinity) --------------------------------------------
+
+_CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+_needs_two_cpus = pytest.mark.skipif(
+    len(_CPUS) < 2, reason="narrowing a thread to one CPU needs a process allowed two (Linux)"
+)
+
+
+def _affinity_of(thread_future: Future[int]) -> set[int]:
+    return os.sched_getaffinity(thread_future.result(WAIT_S))
+
+
+def _queued_caller(
+    committer: Committer, watched: Any, n: int, *, own: set[int] | None = None
+) -> tuple[Future[int], Future[set[int]], Future[set[int]]]:
+    """A thread that (with ``own`` CPUs, if given) calls the committer, queued ``n``-th:
+    its native id, and the CPUs it had before and after its call."""
+    tid: Future[int] = Future()
+    before: Future[set[int]] = Future()
+    after: Future[set[int]] = Future()
+
+    def call() -> None:
+        if own is not None:
+            os.sched_setaffinity(0, own)
+        before.set_result(os.sched_getaffinity(0))
+        tid.set_result(threading.get_native_id())
+        committer.run(_insert(f"queued {n}"), label=f"unit {n}")
+        after.set_result(os.sched_getaffinity(0))
+
+    threading.Thread(target=call, daemon=True).start()
+    watched.wait_for_length(n)
+    return tid, before, after
+
+
+@_needs_two_cpus
+def test_a1_a_contended_caller_waits_on_the_writer_cpu_and_leaves_with_its_own_cpus(
+    tmp_path: Path,
+) -> None:
+    """While the writer is contended, a queued caller's thread runs on the writer's CPU
+    (the hand-offs of the group commit stay on one core); it returns with the CPUs it had,
+    and once a batch commits alone, callers are left alone again."""
+    cpu = _CPUS[-1]
+    committer = Committer(open_database(tmp_path / "memory.db"), cpu=WriterCpu(cpu))
+    try:
+        watched, gate, gate_call = _held(committer)
+        queued = [_queued_caller(committer, watched, n) for n in (1, 2)]
+        for tid, before, _after in queued:
+            assert before.result(WAIT_S) == set(_CPUS)
+            assert _affinity_of(tid) == {cpu}, "a queued caller waits on the writer's CPU"
+        gate.open()
+        assert gate_call.result(WAIT_S) == "gate"
+        for _tid, before, after in queued:
+            assert after.result(WAIT_S) == before.result(WAIT_S)
+
+        # Contended until a batch commits alone: that one is narrowed, the next is not.
+        seen = [committer.run(lambda conn: os.sched_getaffinity(0)) for _ in range(2)]
+        assert seen == [{cpu}, set(_CPUS)]
+        assert os.sched_getaffinity(0) == set(_CPUS)
+    finally:
+        committer.close()
+    assert _stored(tmp_path) == ["queued 1", "queued 2"]
+
+
+@_needs_two_cpus
+def test_a1_a_caller_whose_cpus_exclude_the_writer_cpu_is_left_alone(tmp_path: Path) -> None:
+    cpu, other = _CPUS[-1], _CPUS[0]
+    committer = Committer(open_database(tmp_path / "memory.db"), cpu=WriterCpu(cpu))
+    try:
+        watched, gate, gate_call = _held(committer)
+        tid, before, after = _queued_caller(committer, watched, 1, own={other})
+        assert _affinity_of(tid) == {other}
+        gate.open()
+        gate_call.result(WAIT_S)
+        assert before.result(WAIT_S) == after.result(WAIT_S) == {other}
+    finally:
+        committer.close()
+
+
+def test_a1_the_writer_cpu_is_off_when_switched_off_or_refused(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(affinity.ENV_SWITCH, "0")
+    assert WriterCpu.for_process().cpu is None
+    assert WriterCpu(None).narrow() is None
+    if len(_CPUS) < 2:
+        return
+
+    def refused(pid: int, cpus: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    writer_cpu = WriterCpu(_CPUS[-1])
+    monkeypatch.setattr(os, "sched_setaffinity", refused)  # a sandbox refusing the call
+    with caplog.at_level(logging.INFO, logger=affinity.__name__):
+        assert writer_cpu.narrow() is None
+    assert writer_cpu.cpu is None, "a refused call turns it off for the process"
+    assert "writer CPU affinity off" in caplog.text
+    assert os.sched_getaffinity(0) == set(_CPUS)

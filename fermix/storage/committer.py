@@ -19,10 +19,12 @@ Why leaders and not a writer thread: under the GIL the units run one at a time w
 them, so a thread of its own buys no parallelism, only hand-offs, and a hand-off to a thread
 that the scheduler placed on another core costs tens of microseconds on a virtual machine
 (bench/append.py measured the same 8 callers at about 17,000 appends/s with the writer on
-their core and about 10,000/s with the writer on the other). Callers that wake each other
-stay on one core; the checkpoints (below) use the other. Absorbing, instead of committing
-what was queued when the batch started, fills a batch while it runs: 8 callers share
-commits about 6 at a time instead of 3 to 4.
+their core and about 10,000/s with the writer on the other). So callers that wake each
+other are kept on one core: while the writer is contended, each caller's thread is
+narrowed to one CPU for the length of its call (:mod:`fermix.storage.affinity`: 12,000
+appends/s became 15,500 to 16,300 here); the checkpoints (below) use the other. Absorbing,
+instead of committing what was queued when the batch started, fills a batch while it runs:
+8 callers share commits about 6 at a time instead of 3 to 4.
 
 A caller's own units commit in the order of its calls (each call returns once committed);
 queued units of different callers commit in queue order, after the leader's.
@@ -66,6 +68,7 @@ from typing import Any
 
 import apsw
 
+from fermix.storage.affinity import WriterCpu
 from fermix.storage.checkpoint import CHECKPOINT_INLINE_PAGES, CHECKPOINT_PAGES, WalCheckpoints
 from fermix.storage.leaders import GroupCommit, Unit, Work
 from fermix.storage.retry import DEFAULT_RETRY, TRANSIENT_ERRORS, RetryPolicy
@@ -95,6 +98,7 @@ class Committer(GroupCommit):
         inline_pages: int = CHECKPOINT_INLINE_PAGES,
         session: Any = None,
         on_reset: Callable[[], None] | None = None,
+        cpu: WriterCpu | None = None,
     ) -> None:
         self._conn = conn
         self._session = conn if session is None else session
@@ -105,7 +109,11 @@ class Committer(GroupCommit):
         one's last commit (SQLite's data version moved; checked once per transaction)."""
         self._version = -1
         """The connection's data version after its last commit (-1: none yet)."""
-        super().__init__(retry=retry, max_batch=max_batch)
+        super().__init__(
+            retry=retry,
+            max_batch=max_batch,
+            cpu=WriterCpu.for_process() if cpu is None else cpu,
+        )
         self._checkpoints = WalCheckpoints(
             conn, checkpoint_pages=checkpoint_pages, inline_pages=inline_pages
         )

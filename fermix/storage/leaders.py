@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 import tenacity
 
 from fermix.errors import StorageError, WriteFailedError
+from fermix.storage.affinity import WriterCpu
 from fermix.storage.retry import RetryPolicy, retrying
 
 log = logging.getLogger(__name__)
@@ -78,15 +79,20 @@ class GroupCommit:
     driver_error: ClassVar[type[BaseException]]
     """The driver's base error: a unit's is typed as :class:`WriteFailedError`."""
 
-    def __init__(self, *, retry: RetryPolicy, max_batch: int) -> None:
+    def __init__(self, *, retry: RetryPolicy, max_batch: int, cpu: WriterCpu | None = None) -> None:
         self._retry = retry
         self._max_batch = max_batch
+        self._cpu = WriterCpu(None) if cpu is None else cpu
+        """Where a contended caller's thread runs while in :meth:`run` (see
+        :mod:`fermix.storage.affinity`)."""
         self._mutex = threading.Lock()
         # Everything below is guarded by _mutex, except the connection itself, which only
         # its holder touches.
         self._queue: deque[Unit] = deque()
         self._held = False
         """A caller holds the connection (the leader)."""
+        self._contended = False
+        """A caller queued since the last batch that committed alone."""
         self._closed = False
         self._released = threading.Condition(self._mutex)
         """Notified when the connection is let go while closing (close() waits on it)."""
@@ -108,11 +114,18 @@ class GroupCommit:
                 self._held = True
             else:
                 self._queue.append(unit)
-        if not unit.lead:
-            self._await(unit)
+                self._contended = True
+            contended = self._contended
+        own = self._cpu.narrow() if contended else None
+        try:
             if not unit.lead:
-                return unit.outcome()  # type: ignore[no-any-return]
-        return self._lead(unit)  # type: ignore[no-any-return]
+                self._await(unit)
+                if not unit.lead:
+                    return unit.outcome()  # type: ignore[no-any-return]
+            return self._lead(unit)  # type: ignore[no-any-return]
+        finally:
+            if own is not None:
+                self._cpu.restore(own)
 
     def run_many(self, works: list[tuple[Work, str]]) -> list[tuple[bool, Any]]:
         """Run each ``(work, label)`` as its own unit, in order; return each one's outcome
@@ -184,6 +197,8 @@ class GroupCommit:
                 else:
                     successor = None
                     self._held = False
+                    if len(batch) == 1:
+                        self._contended = False
                     if self._closed:
                         self._released.notify_all()
             # The next leader first: its batch runs while this thread wakes its own
