@@ -22,7 +22,8 @@ from fermix.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from fermix.model import JobCaller, MemoryRow, ScheduledJob
+from fermix.model import MemoryRow
+from fermix.stored import JobCaller, ScheduledJob
 
 
 def _call(name: str, **arguments: Any) -> dict[str, Any]:

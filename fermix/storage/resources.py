@@ -10,18 +10,18 @@ import apsw
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import NotFoundError
-from fermix.model import Resource, Revision
 from fermix.model import check_resource_name as check_name
 from fermix.storage.connection import fetch_rows, fetch_value
+from fermix.stored import Resource, Revision
 
 RESOURCE_SELECT = "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
-"""A ``SELECT`` of :class:`~fermix.model.Resource`'s columns, for a ``WHERE`` to follow."""
+"""A ``SELECT`` of :class:`~fermix.stored.Resource`'s columns, for a ``WHERE`` to follow."""
 REVISION_SELECT = (
     "SELECT r.resource_id, s.agent_id, s.owner_id, s.name, r.revision, r.content,"
     " r.content_sha1, r.reason, r.created_at"
     " FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
 )
-"""A ``SELECT`` of :class:`~fermix.model.Revision`'s columns (revisions ``r`` of resources
+"""A ``SELECT`` of :class:`~fermix.stored.Revision`'s columns (revisions ``r`` of resources
 ``s``), for a ``WHERE`` to follow."""
 
 

@@ -9,10 +9,10 @@ from typing import Any
 import apsw
 
 from fermix.clock import now_ms
-from fermix.model import ApiToken
+from fermix.stored import ApiToken
 
 COLUMNS = "id, name, prefix, agents_json, operator, created_at, revoked_at"
-"""The columns of a token, in :class:`~fermix.model.ApiToken`'s order."""
+"""The columns of a token, in :class:`~fermix.stored.ApiToken`'s order."""
 
 
 def row_of(values: Sequence[Any]) -> ApiToken:
