@@ -21,8 +21,8 @@ that the scheduler placed on another core costs tens of microseconds on a virtua
 (bench/append.py measured the same 8 callers at about 17,000 appends/s with the writer on
 their core and about 10,000/s with the writer on the other). So callers that wake each
 other are kept on one core: while the writer is contended, each caller's thread is
-narrowed to one CPU for the length of its call (:mod:`fermix.storage.affinity`: 12,000
-appends/s became 15,500 to 16,300 here); the checkpoints (below) use the other. Absorbing,
+narrowed to one CPU for the length of its call (:mod:`fermix.storage.affinity`: 11,900
+appends/s became 15,500 to 16,500 here); the checkpoints (below) use the other. Absorbing,
 instead of committing what was queued when the batch started, fills a batch while it runs:
 8 callers share commits about 6 at a time instead of 3 to 4.
 
