@@ -10,7 +10,7 @@ authentication, but started with ``durable=True``: ``fsync``, ``full_page_writes
 
 A scale database holds the very rows fermix wrote into the cached SQLite scale file of
 ``bench/_recall_scale.py`` (same ids, same times, same owners), loaded with ``COPY``: each
-message with the stems :func:`fermix.storage.pg.stems.document` gives it, as
+message with the stems :func:`fermix.storage.postgres.stems.document` gives it, as
 ``pg/messages.py``'s insert computes them, and its id as the ``messages_bi`` trigger would
 have drawn it (ids 1..n in insertion order: the SQLite file's). The trigger stays on during
 the load: it moves each conversation's ``window_version`` and ``review_due_at`` exactly as
@@ -44,9 +44,9 @@ import psycopg
 from _recall_scale import cache_root
 from rich.console import Console
 
-from fermix.storage.messages import conversation_token, owner_token
-from fermix.storage.pg import stems
-from fermix.storage.pg.database import PgDatabase
+from fermix.storage.postgres import stems
+from fermix.storage.postgres.database import PgDatabase
+from fermix.storage.sqlite.messages import conversation_token, owner_token
 
 REPO = Path(__file__).resolve().parents[1]
 PG_SERVER = REPO / "tests" / "pg_server.py"
@@ -138,7 +138,7 @@ def settings(url: str) -> dict[str, str]:
 
 def sqlite_settings(path: Path) -> dict[str, str]:
     """The SQLite settings fermix's connections run with (read back from one of them)."""
-    from fermix.storage.connection import connect
+    from fermix.storage.sqlite.connection import connect
 
     conn = connect(path)
     try:
@@ -173,7 +173,7 @@ def migrated(url: str) -> None:
 def dump_path(sqlite_file: Path) -> Path:
     """The cached dump of the PostgreSQL copy of ``sqlite_file`` (see the module's doc)."""
     digest = hashlib.sha256()
-    digest.update(resources.files("fermix.storage.pg").joinpath("schema.sql").read_bytes())
+    digest.update(resources.files("fermix.storage.postgres").joinpath("schema.sql").read_bytes())
     digest.update(inspect.getsource(stems).encode())  # the stems decide what it holds
     digest.update(repr((LOADER_VERSION, sqlite_file.name)).encode())
     return cache_root() / f"{sqlite_file.stem}-pg-{digest.hexdigest()[:16]}.dump"

@@ -142,10 +142,10 @@ class WriterSpec:
 def open_store(backend: str, target: str) -> Storage:
     """The port's adapter for ``backend`` on ``target``."""
     if backend == "sqlite":
-        from fermix.storage import Database
+        from fermix.storage.sqlite.database import Database
 
         return Database(target)
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     return PgDatabase(target)
 

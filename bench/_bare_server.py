@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from fermix.storage import open_database
+from fermix.storage.sqlite.migrations import open_database
 
 _INSERT = (
     "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"

@@ -5,7 +5,7 @@ A helper module (its name starts with ``_``): bench/run.py does not run it.
 Issue 15, item 3: LoCoMo recall on PostgreSQL within 0.5 points of SQLite's. The server is
 bench/backends.py's (:func:`_backends_pg.durable_server`: the test suite's PostgreSQL,
 durable). The conversations SQLite was measured on are stored in a fresh
-:class:`~fermix.storage.pg.PgDatabase` as they were there (:func:`_recall_data.seed`),
+:class:`~fermix.storage.postgres.PgDatabase` as they were there (:func:`_recall_data.seed`),
 embedded by the same code with the same default model (the background embedder's
 ``catch_up``, batches of 32, through a writer on that database, each conversation's
 vectors SIF-pooled by that database's token counts), and every question is asked with the
@@ -46,10 +46,10 @@ from fermix.model import ConversationKey
 from fermix.runtime import embedding
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Storage
-from fermix.storage.fts import CANDIDATES
-from fermix.storage.pg import PgDatabase
-from fermix.storage.vectors import conversation_scope
+from fermix.storage import Storage
+from fermix.storage.port import CANDIDATES, conversation_scope
+from fermix.storage.postgres import PgDatabase
+from fermix.storage.sqlite.database import Database
 
 DATABASE = "fermix_recall"
 TOP = 10

@@ -53,7 +53,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fermix.model import ConversationKey, NewMessage
-from fermix.storage import migrations, open_database, transaction
+from fermix.storage.sqlite import migrations
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.migrations import open_database
 
 SCALE_MESSAGES = 1_000_000
 SCALE_QUICK_MESSAGES = 100_000
@@ -118,7 +120,7 @@ def vectors_path(base: Path, model: str, dimension: int) -> Path:
     """
     from fermix import embedding
     from fermix.runtime import embedding as runtime_embedding
-    from fermix.storage import vectors
+    from fermix.storage.sqlite import vectors
 
     digest = hashlib.sha256(f"{model}\x1f{dimension}".encode())
     for module in (embedding, runtime_embedding, vectors):
@@ -154,12 +156,13 @@ def build_scale(convs: list[Conversation], messages: int, path: Path, console: C
     (:func:`scale_order`), a second apart within a session and
     :data:`SESSION_SPACING_MS` between sessions. Rows are written by fermix's own storage
     (:func:`fermix.storage.open_database`, the message insert of
-    :mod:`fermix.storage.messages`, conversation rows by :mod:`~fermix.storage.conversations`)
+    :mod:`fermix.storage.sqlite.messages`, conversation rows by
+    :mod:`~fermix.storage.sqlite.conversations`)
     in transactions of :data:`SCALE_BATCH` messages, into a temporary file renamed into
     place once complete.
     """
-    from fermix.storage import conversations as conversation_rows
-    from fermix.storage import messages as message_rows
+    from fermix.storage.sqlite import conversations as conversation_rows
+    from fermix.storage.sqlite import messages as message_rows
 
     turns = [(t.speaker, t.content) for conv in convs for t in conv.turns]
     count = messages // SCALE_PER_CONVERSATION
@@ -221,7 +224,7 @@ def build_vectors(base: Path, path: Path, messages: int, console: Console) -> fl
     from fermix.runtime import embedding
     from fermix.runtime.prompt_files import PromptFiles
     from fermix.runtime.writer import Writer
-    from fermix.storage import Database
+    from fermix.storage.sqlite.database import Database
 
     tmp = _fresh(path)
     shutil.copyfile(base, tmp)
@@ -336,7 +339,7 @@ def run_scale(
     from fermix.runtime import recall as recall_tool
     from fermix.runtime.prompt_files import PromptFiles
     from fermix.runtime.writer import Writer
-    from fermix.storage import Database
+    from fermix.storage.sqlite.database import Database
 
     base = scale_path(data, messages)
     build_s = None

@@ -64,7 +64,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fermix import Conversation, Memory
-from fermix.storage import open_database
+from fermix.storage.sqlite.migrations import open_database
 
 AGENT, CHANNEL, OWNER = "bench", "cli", "alice"
 THREADS, CONVERSATIONS_PER_THREAD = 8, 8

@@ -3,7 +3,7 @@
 Usage: ``python bench/backends.py [--quick] [--data PATH]``
 
 Every workload goes through the port and nothing else (:class:`fermix.storage.Database` for
-SQLite, :class:`fermix.storage.pg.PgDatabase` for PostgreSQL, their sessions only), on both
+SQLite, :class:`fermix.storage.postgres.PgDatabase` for PostgreSQL, their sessions only), on both
 adapters in the same process and run, in interleaved rounds of rotating order, so a change
 in the machine's load hits both alike. SQLite is the baseline: every ratio is PostgreSQL's
 figure over SQLite's.
@@ -34,7 +34,7 @@ baseline. Both sides' settings, as each reports them, are in the JSON line.
     messages are the cached scale databases of ``bench/_recall_scale.py`` (recycled
     LoCoMo turns, 500 per conversation, five conversations per owner), and the PostgreSQL
     copy holds the very same rows, loaded by ``COPY`` with the stems
-    ``fermix.storage.pg.stems`` computes (``bench/_backends_pg.py``), dumped once under the
+    ``fermix.storage.postgres.stems`` computes (``bench/_backends_pg.py``), dumped once under the
     cache directory and restored each run. p50 / p99 per adapter and scope;
     ``search_growth_pg`` is the p99 at the largest size over the p99 at 20,000 on
     PostgreSQL, the worse of the two scopes (target ≤ 2.0, issue 15), beside SQLite's.
@@ -100,8 +100,9 @@ from _recall_scale import footprint as sqlite_footprint
 from rich.console import Console
 
 from fermix.model import ConversationKey
-from fermix.storage import Database, Storage
-from fermix.storage.pg import PgDatabase
+from fermix.storage import Storage
+from fermix.storage.postgres import PgDatabase
+from fermix.storage.sqlite.database import Database
 
 ROUNDS = 5
 SEARCH_BASE = 20_000

@@ -74,7 +74,8 @@ from fermix.model import ConversationKey, Message, NewMessage
 from fermix.runtime.compacting import Compacting
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads
+from fermix.storage import Reads
+from fermix.storage.sqlite.database import Database
 from fermix.tokens import count_tokens
 
 MODEL = "openai/bench"

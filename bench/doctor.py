@@ -4,7 +4,8 @@ Usage: ``python bench/doctor.py [--quick] [--messages N] [--home DIR] [--runs N]
 
 The home is built once and kept (default ``$TMPDIR/fermix-doctor-bench-<N>``, outside the
 repository; ``--home`` names another): ``N`` messages (1,000,000 by default, 50,000 with
-``--quick``) over 1,000 conversations, inserted through :func:`fermix.storage.messages.insert`
+``--quick``) over 1,000 conversations, inserted through
+:func:`fermix.storage.sqlite.messages.insert`
 in one transaction, plus a few memory rows and their prompt files. A home already built at
 that path is reused.
 
@@ -97,14 +98,10 @@ def build(home: Path, messages_count: int) -> None:
     from fermix.core import categories
     from fermix.home import Home
     from fermix.runtime.prompt_files import PromptFiles
-    from fermix.storage import (
-        Database,
-        conversations,
-        memories,
-        messages,
-        open_database,
-        transaction,
-    )
+    from fermix.storage.sqlite import conversations, memories, messages
+    from fermix.storage.sqlite.connection import transaction
+    from fermix.storage.sqlite.database import Database
+    from fermix.storage.sqlite.migrations import open_database
 
     rng = random.Random(11)
     conn = open_database(home / "memory.db")
@@ -182,14 +179,16 @@ def check_times(home: Path) -> dict[str, float]:
     """Each database check alone, through the inspection port: SQLite's two integrity
     checks, and each FTS mirror's three forms (rowid sets only, as the default doctor runs
     it after quick_check; rowid sets and the index structure; every row's terms)."""
-    from fermix.storage import Database, Reads, health
+    from fermix.storage import Reads
+    from fermix.storage.integrity import FTS_TABLES
+    from fermix.storage.sqlite.database import Database
 
     db = Database.inspect(home / "memory.db")
     checks: dict[str, Callable[[Reads], object]] = {
         "quick_check": lambda r: r.integrity_problems(full=False),
         "integrity_check": lambda r: r.integrity_problems(full=True),
     }
-    for table in health.FTS_TABLES:
+    for table in FTS_TABLES:
         checks[f"{table}_rowids"] = lambda r, t=table: r.fts_problem(t, structure_checked=True)
         checks[f"{table}_rowids_structure"] = lambda r, t=table: r.fts_problem(t)
         checks[f"{table}_full"] = lambda r, t=table: r.fts_problem(t, full=True)

@@ -75,7 +75,8 @@ from fermix.home import Home
 from fermix.model import CATEGORIES, ConversationKey, MemoryRow, Message
 from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult, render_pair
-from fermix.storage import Database, Writes
+from fermix.storage import Writes
+from fermix.storage.sqlite.database import Database
 
 AGENT = "bench"
 OWNER = ""
@@ -106,7 +107,7 @@ def raw_connection(path: Path) -> apsw.Connection:
     """A plain apsw connection to the benchmark's database, with fermix's durability.
 
     The database is in WAL mode already (the mode is persistent); ``synchronous = NORMAL``
-    and foreign keys are what :mod:`fermix.storage.connection` sets on its own connections,
+    and foreign keys are what :mod:`fermix.storage.sqlite.connection` sets on its own connections,
     so a commit costs the baseline what it costs fermix.
     """
     conn = apsw.Connection(str(path))

@@ -38,7 +38,7 @@ pass of their own.
 are not held-out figures.
 
 **PostgreSQL** (issue 15, item 3: R@10 within 0.5 points of SQLite's; :mod:`_recall_pg`).
-The same turns are stored in a :class:`~fermix.storage.pg.PgDatabase` on bench/backends.py's
+The same turns are stored in a :class:`~fermix.storage.postgres.PgDatabase` on bench/backends.py's
 server, embedded by the same code and model, and every question is asked with the same
 search and parameters: ``turn_r5_pg``, ``turn_r10_pg``, ``recall_r10_pg_minus_sqlite``
 (points, from unrounded means) and its absolute value ``recall_r10_pg_abs_gap``, with the
@@ -130,8 +130,10 @@ from fermix.model import ConversationKey, Message
 from fermix.runtime import embedding, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads, fts
-from fermix.storage.messages import SearchScope
+from fermix.storage import Reads
+from fermix.storage import fulltext as fts
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.messages import SearchScope
 
 MESSAGE_COLUMNS = ", ".join(f"m.{f.name}" for f in dataclasses.fields(Message))
 
@@ -140,7 +142,7 @@ def plain_search(conn: apsw.Connection, text: str, key: ConversationKey) -> list
     """Ids of the top ``LIMIT`` messages of ``key`` for ``text``, by FTS5's bm25 alone.
 
     The same MATCH expression as fermix's search (the conversation's scope token and the
-    words, :class:`fermix.storage.messages.SearchScope`), and the whole rows, as its hits
+    words, :class:`fermix.storage.sqlite.messages.SearchScope`), and the whole rows, as its hits
     carry; bm25 weighs the text column only.
     """
     words = fts.build_query(text)

@@ -91,7 +91,8 @@ from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.review_inputs import shown_rows
 from fermix.runtime.reviewing import AGENT_TAG, Reviewing
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
+from fermix.storage import Writes
+from fermix.storage.sqlite.database import Database
 
 MESSAGES = 40
 ROWS = 200

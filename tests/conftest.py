@@ -26,7 +26,7 @@ from fermix.api import Memory
 from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.home import Home
-from fermix.storage import open_database
+from fermix.storage.sqlite.migrations import open_database
 
 pytest_plugins = ["server_fixtures", "pg_fixtures", "storage_fixtures"]
 """The memory server as a process (``server``, ``start_server``): tests/server_fixtures.py."""

@@ -18,7 +18,8 @@ from fermix.home import Home
 from fermix.model import TARGET_OF, USER_MD, ConversationKey, MemoryRow, Message, Scope
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Reads, Writes
+from fermix.storage import Reads, Writes
+from fermix.storage.sqlite.database import Database
 
 if TYPE_CHECKING:
     from model_server import ModelServer

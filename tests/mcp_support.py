@@ -24,8 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 from fermix.api import Memory
 from fermix.server.http.app import create_app
 from fermix.server.mcp_http import http_app
-from fermix.storage import open_database
-from fermix.storage.connection import fetch_rows
+from fermix.storage.sqlite.connection import fetch_rows
+from fermix.storage.sqlite.migrations import open_database
 
 START_TIMEOUT_S = 30.0
 

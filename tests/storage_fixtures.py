@@ -2,7 +2,7 @@
 in turn, on an empty store.
 
 ``backend`` / ``storage`` run a test twice: on SQLite (:class:`fermix.storage.Database` in a
-temporary directory) and on PostgreSQL (:class:`fermix.storage.pg.PgDatabase` on a fresh
+temporary directory) and on PostgreSQL (:class:`fermix.storage.postgres.PgDatabase` on a fresh
 database of the suite's own server, ``postgres_db`` from ``tests/pg_fixtures.py``). ``both``
 gives the two side by side, for tests that compare their results.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fermix.storage import Database
+from fermix.storage.sqlite.database import Database
 
 Store = Any
 """A :class:`Database` or a ``PgDatabase``: the same port (checked by
@@ -39,7 +39,7 @@ def _sqlite(tmp_path: Path) -> Backend:
 
 
 def _postgres(url: str) -> Backend:
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     return Backend("postgres", PgDatabase(url), lambda: PgDatabase(url))
 

@@ -21,7 +21,9 @@ from fermix.core.categories import (
 )
 from fermix.errors import AccessDeniedError, InvalidInputError
 from fermix.model import CATEGORIES, ConversationKey, MemoryRow, Scope
-from fermix.storage import memories, open_database, transaction
+from fermix.storage.sqlite import memories
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.migrations import open_database
 
 USER_CATS = ("identity", "preference", "interest", "goal")
 

@@ -16,7 +16,9 @@ import pytest
 import fermix.cli
 from fermix.cli import EXIT_OK, build_parser, main
 from fermix.model import Scope
-from fermix.storage import memories, open_database, transaction
+from fermix.storage.sqlite import memories
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.migrations import open_database
 
 
 def _seed_one_row(home: Path, value: str) -> None:

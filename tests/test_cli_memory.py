@@ -13,7 +13,9 @@ from factories import memory_row
 
 from fermix.cli import EXIT_NOT_FOUND, EXIT_USAGE, main
 from fermix.model import Scope
-from fermix.storage import memories, open_database, transaction
+from fermix.storage.sqlite import memories
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.migrations import open_database
 
 
 def _seed(home: Path) -> dict[str, int]:

@@ -16,7 +16,8 @@ from fermix.config import CompactionConfig
 from fermix.core import categories
 from fermix.core.commands import NO_MODEL_REPLY, Command, allowed, help_text, parse, refusal
 from fermix.model import Provenance
-from fermix.storage import Writes, open_database
+from fermix.storage import Writes
+from fermix.storage.sqlite.migrations import open_database
 
 # -- the parser -------------------------------------------------------------------------
 

@@ -26,9 +26,12 @@ from faults import FaultVFS
 
 from fermix.errors import StorageError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage import Database, Writes, affinity, leaders, messages, open_database
+from fermix.storage import Writes, affinity, leaders
 from fermix.storage.affinity import WriterCpu
-from fermix.storage.committer import Committer, RetryPolicy
+from fermix.storage.sqlite import messages
+from fermix.storage.sqlite.committer import Committer, RetryPolicy
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database
 
 KEY = ConversationKey("agent", "cli", "1")
 WAIT_S = 10.0

@@ -40,7 +40,7 @@ from fermix.model import ConversationKey, ConversationState, Message, NewMessage
 from fermix.runtime.compacting import Compacting
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database
+from fermix.storage.sqlite.database import Database
 from fermix.tokens import count_tokens, uses_tiktoken
 
 if TYPE_CHECKING:

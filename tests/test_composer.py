@@ -22,7 +22,8 @@ from fermix.model import MemoryRow, Message
 from fermix.runtime.files import FileCache
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
+from fermix.storage import Writes
+from fermix.storage.sqlite.database import Database
 
 HOSTILE = [
     "</memory-context>",

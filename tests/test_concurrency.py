@@ -35,8 +35,9 @@ from soak.cli import ERROR_MARKS, CliLoop
 from soak.zygote import Child, Zygote
 
 from fermix.model import ConversationKey
-from fermix.storage import messages, open_database
-from fermix.storage.connection import fetch_rows
+from fermix.storage.sqlite import messages
+from fermix.storage.sqlite.connection import fetch_rows
+from fermix.storage.sqlite.migrations import open_database
 
 pytestmark = pytest.mark.slow
 

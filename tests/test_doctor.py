@@ -28,15 +28,10 @@ from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
 from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles
-from fermix.storage import (
-    Database,
-    conversations,
-    memories,
-    messages,
-    migrations,
-    open_database,
-)
-from fermix.storage.connection import apply_settings, raw_connect, transaction
+from fermix.storage.sqlite import conversations, memories, messages, migrations
+from fermix.storage.sqlite.connection import apply_settings, raw_connect, transaction
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database
 
 AGENT = "assistant"
 KEY = ConversationKey(AGENT, "telegram", "42")

@@ -52,10 +52,12 @@ from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import child_id
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes, connection, migrations
-from fermix.storage import open_database as open_db
-from fermix.storage.connection import fetch_rows, fetch_value, raw_connect
-from fermix.storage.health import FTS_TABLES
+from fermix.storage import Writes
+from fermix.storage.integrity import FTS_TABLES
+from fermix.storage.sqlite import connection, migrations
+from fermix.storage.sqlite.connection import fetch_rows, fetch_value, raw_connect
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database as open_db
 
 _vfs = FaultVFS("fermix-faulty-faults")
 VFS = _vfs.vfs_name

@@ -52,7 +52,9 @@ from fermix.model import ConversationKey, Message, NewMessage
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.windows import Windows as _Windows
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, migrations, open_database
+from fermix.storage.sqlite import migrations
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database
 
 KEY = ConversationKey(window_host.AGENT, "chat", window_host.CHAT)
 ANSWER_S = 60.0

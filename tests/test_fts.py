@@ -15,7 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fermix.model import ConversationKey, NewMessage
-from fermix.storage import fts, messages, open_database, transaction
+from fermix.storage import fulltext as fts
+from fermix.storage.sqlite import messages
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.migrations import open_database
 
 KEY = ConversationKey("agent", "telegram", "alice")
 OTHER = ConversationKey("agent", "telegram", "bob")
@@ -189,7 +192,9 @@ def test_t2_a_100_kb_query_is_bounded_and_fast() -> None:
 
 
 def test_t2_the_ranking_tokenizer_is_the_tables_tokenizer() -> None:
-    schema = resources.files("fermix").joinpath("schema.sql").read_text(encoding="utf-8")
+    schema = (
+        resources.files("fermix.storage.sqlite").joinpath("schema.sql").read_text(encoding="utf-8")
+    )
     name, args = fts.TOKENIZER
     declared = re.findall(r"tokenize = '([^']*)'", schema)
     assert declared, "schema.sql declares no FTS5 tokenizer"

@@ -26,8 +26,10 @@ from fermix.model import MemoryRow
 from fermix.runtime.files import prompt_dir
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes, open_database
-from fermix.storage.connection import fetch_rows
+from fermix.storage import Writes
+from fermix.storage.sqlite.connection import fetch_rows
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database
 
 pytestmark = pytest.mark.keep_actors
 

@@ -26,8 +26,12 @@ from fermix.model import ConversationKey, NewMessage
 from fermix.runtime import embedding, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, messages, open_database, transaction
-from fermix.storage.vectors import StoredVector, scope_vectors, store_message_vectors
+from fermix.storage.port import StoredVector
+from fermix.storage.sqlite import messages
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database
+from fermix.storage.sqlite.vectors import scope_vectors, store_message_vectors
 
 FILLER = [
     "I bought a new bike yesterday",

@@ -22,7 +22,8 @@ from fermix.runtime import prompt_files, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.review_inputs import shown_rows
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
+from fermix.storage import Writes
+from fermix.storage.sqlite.database import Database
 from fermix.tools import MemoryTools
 
 AGENTS = ["a1", "a2"]

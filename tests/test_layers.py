@@ -199,6 +199,77 @@ def test_nothing_above_storage_names_apsw_or_writes_sql(
     assert offenders == []
 
 
+DRIVERS = ("apsw", "psycopg", "psycopg_pool")
+ADAPTERS = ("fermix.storage.sqlite", "fermix.storage.postgres")
+CHOOSER = "fermix.storage.opening"
+"""The one module that knows which adapter runs (it opens the one the config names)."""
+STEMMER = "fermix.storage.fulltext"
+"""Both adapters' full-text rules: it runs SQLite's FTS5 tokenizer on an in-memory apsw
+connection, so PostgreSQL's stems are SQLite's word for word (a library, not a store)."""
+
+
+def driver_imports(path: Path) -> set[str]:
+    """The database drivers ``path`` imports, wherever the import statement stands."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
+        found.update(n.partition(".")[0] for n in names if n.partition(".")[0] in DRIVERS)
+    return found
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_nothing_outside_the_adapters_imports_a_driver_or_an_adapter_B1() -> None:
+    """Issue 21: runtime, cli, server and storage's shared modules know the port only."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        if any(_inside(module, adapter) for adapter in ADAPTERS):
+            continue
+        allowed = {"apsw"} if module == STEMMER else set()
+        offenders += [f"{module} imports {d}" for d in sorted(driver_imports(path) - allowed)]
+        if module == CHOOSER:
+            continue
+        offenders += [
+            f"{module} imports {target}"
+            for target in sorted(imports_of(path))
+            if any(_inside(target, adapter) for adapter in ADAPTERS)
+        ]
+    assert offenders == []
+
+
+def test_the_two_adapters_are_siblings_that_import_nothing_of_each_other_B1() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        for mine, other in (ADAPTERS, ADAPTERS[::-1]):
+            if _inside(module, mine):
+                offenders += [
+                    f"{module} imports {t}" for t in sorted(imports_of(path)) if _inside(t, other)
+                ]
+    drivers = {ADAPTERS[0]: {"apsw"}, ADAPTERS[1]: {"psycopg", "psycopg_pool"}}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path)
+        for adapter, own in drivers.items():
+            if _inside(module, adapter):
+                offenders += [f"{module} imports {d}" for d in sorted(driver_imports(path) - own)]
+    assert offenders == []
+
+
+def test_a_driver_import_inside_a_function_is_caught(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    import psycopg.rows\n    from apsw import Connection\n")
+    assert driver_imports(source) == {"apsw", "psycopg"}
+
+
 def test_an_import_up_the_order_is_caught() -> None:
     layers = [("runtime", ["fermix.runtime"]), ("core", ["fermix.core"])]
     graph = {"fermix.core.render": {"fermix.runtime.writer"}, "fermix.runtime.writer": set()}

@@ -55,8 +55,8 @@ def test_the_built_wheel_ships_schema_sql_and_the_console_script(tmp_path: Path)
         names = archive.namelist()
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "fermix = fermix.cli:run" in archive.read(entry_points).decode()
-    assert "fermix/schema.sql" in names and "fermix/py.typed" in names
-    assert "fermix/storage/pg/schema.sql" in names  # the PostgreSQL migrations (B1)
+    assert "fermix/storage/sqlite/schema.sql" in names and "fermix/py.typed" in names
+    assert "fermix/storage/postgres/schema.sql" in names  # the PostgreSQL migrations (B1)
     assert not [n for n in names if n.startswith(("tests/", "bench/"))]
 
 

@@ -27,7 +27,8 @@ from fermix.core import categories
 from fermix.home import Home
 from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles
-from fermix.storage import Database, Writes
+from fermix.storage import Writes
+from fermix.storage.sqlite.database import Database
 
 AGENT = "assistant"
 OWNERS = ("", "alice", "telegram:42")  # the default owner, a safe id, an id made a digest

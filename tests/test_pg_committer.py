@@ -3,8 +3,8 @@ between two services' batches, a unit left for the next batch when its row is lo
 per-unit errors in a pipelined batch, a lost connection.
 
 Every test runs on the suite's real PostgreSQL (``postgres_db``, ``pg_server``): the
-database is migrated by a :class:`~fermix.storage.pg.PgDatabase`, which also serves the
-reads; writes go through :class:`~fermix.storage.pg.committer.PgCommitter` instances, one
+database is migrated by a :class:`~fermix.storage.postgres.PgDatabase`, which also serves the
+reads; writes go through :class:`~fermix.storage.postgres.committer.PgCommitter` instances, one
 per service, each in both modes: statement by statement (a server on this machine, as in
 the suite) and pipelined (a remote server's mode, forced here).
 """
@@ -24,9 +24,9 @@ from pg_server import PgServer
 from fermix.clock import now_ms
 from fermix.errors import WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage.pg import PgDatabase
-from fermix.storage.pg.committer import PgCommitter
-from fermix.storage.pg.connection import remote
+from fermix.storage.postgres import PgDatabase
+from fermix.storage.postgres.committer import PgCommitter
+from fermix.storage.postgres.connection import remote
 from fermix.storage.retry import RetryPolicy
 
 SERVICES, THREADS, APPENDS = 2, 8, 25
@@ -185,7 +185,7 @@ def test_a_unit_whose_row_is_locked_waits_for_the_next_batch(
     committer = open_committer(pipelined=pipelined)
     committer.run(append_unit(KEY, "first"))
     watcher = _Deferred()
-    log = logging.getLogger("fermix.storage.pg.committer")
+    log = logging.getLogger("fermix.storage.postgres.committer")
     log.addHandler(watcher)
     level = log.level
     log.setLevel(logging.DEBUG)

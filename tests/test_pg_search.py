@@ -18,7 +18,7 @@ from storage_fixtures import Store
 from fermix.model import ConversationKey, NewMessage
 
 psycopg = pytest.importorskip("psycopg")
-pg_messages = pytest.importorskip("fermix.storage.pg.messages")
+pg_messages = pytest.importorskip("fermix.storage.postgres.messages")
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456", "thread-1")
@@ -143,7 +143,7 @@ def test_a_small_conversation_is_searched_without_the_gin_index(
 ) -> None:
     """Under the threshold no GIN scan runs; over it (the same table, the same query for a
     word only one message holds, where the planner takes the GIN index) one does."""
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     rows = [(KEY, "alice", text) for _, _, text in _corpus(seed=3, size=200)]
     db = PgDatabase(postgres_db)

@@ -24,8 +24,9 @@ from fermix.runtime import prompt_files
 from fermix.runtime.files import FileCache, file_path, prompt_dir, write_atomic
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
-from fermix.storage.connection import raw_connect
+from fermix.storage import Writes
+from fermix.storage.sqlite.connection import raw_connect
+from fermix.storage.sqlite.database import Database
 
 UNSAFE_IDS = ["..", ".", "a/b", "a\\b", "\x00", "a\x00b", "", "x" * 500, "-rf", " bot"]
 WAIT_S = 30

@@ -35,7 +35,8 @@ from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
+from fermix.storage import Writes
+from fermix.storage.sqlite.database import Database
 from fermix.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens
 
 MODEL = "openai/reviewer"

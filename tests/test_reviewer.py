@@ -52,8 +52,9 @@ from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, open_database
-from fermix.storage.connection import fetch_rows
+from fermix.storage.sqlite.connection import fetch_rows
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database
 
 MODEL = "openai/reviewer"
 HOUR_MS = 3_600_000

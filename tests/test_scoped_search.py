@@ -16,8 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fermix.model import ConversationKey, NewMessage
-from fermix.storage import fts, messages, open_database, transaction
-from fermix.storage.migrations import latest_version, migrations
+from fermix.storage import fulltext as fts
+from fermix.storage.port import CANDIDATES
+from fermix.storage.sqlite import messages
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.migrations import latest_version, migrations, open_database
 
 AGENTS = ("agent", "other")
 CHATS = ("alice", "bob", "carol")
@@ -111,7 +114,7 @@ def reference(
         return []
     contents = [r[5] for r in matched]
     tokens = fts.tokenize_each(contents, tokenize)
-    keep = max(fts.CANDIDATES, limit)
+    keep = max(CANDIDATES, limit)
     chosen = fts.preselect(text, tokens, scope_rows=len(scope), keep=keep, tokenize=tokenize)
     scores = fts.rank(
         text,

@@ -39,7 +39,7 @@ from fermix.model import ConversationKey
 from fermix.runtime.access import Tokens
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database
+from fermix.storage.sqlite.database import Database
 from fermix.wire import encode_handle
 
 pytestmark = pytest.mark.slow

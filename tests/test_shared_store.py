@@ -44,7 +44,7 @@ from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles, render_pair
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
-from fermix.storage.connection import transaction
+from fermix.storage.sqlite.connection import transaction
 
 MODEL = "openai/reviewer"
 AGENT = "agent"

@@ -48,9 +48,11 @@ from fermix.core.review import CLAIM_TTL_MS
 from fermix.home import Home
 from fermix.runtime import files
 from fermix.runtime.prompt_files import PromptFiles
-from fermix.storage import Database, conversations, open_database
-from fermix.storage.connection import fetch_rows, fetch_value
-from fermix.storage.health import FTS_TABLES
+from fermix.storage.integrity import FTS_TABLES
+from fermix.storage.sqlite import conversations
+from fermix.storage.sqlite.connection import fetch_rows, fetch_value
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import open_database
 
 pytestmark = pytest.mark.slow
 

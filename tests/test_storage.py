@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from fermix import model
 from fermix.errors import InvalidInputError, NotFoundError, SchemaTooNewError
 from fermix.model import ConversationKey, NewMessage, Scope
-from fermix.storage import jobs, memories, messages, open_database, resources, transaction
-from fermix.storage.connection import fetch_rows, fetch_value
-from fermix.storage.migrations import latest_version, migrate
+from fermix.storage.sqlite import jobs, memories, messages, resources
+from fermix.storage.sqlite.connection import fetch_rows, fetch_value, transaction
+from fermix.storage.sqlite.migrations import latest_version, migrate, open_database
 
 KEY = ConversationKey("agent", "telegram", "123")
 
@@ -231,7 +231,9 @@ def test_s6_a_job_gets_its_own_memory_source_and_runs(db: apsw.Connection) -> No
 _WRITER = textwrap.dedent(
     """
     import sys
-    from fermix.storage import open_database, transaction, messages
+    from fermix.storage.sqlite.migrations import open_database
+    from fermix.storage.sqlite.connection import transaction
+    from fermix.storage.sqlite import messages
     from fermix.model import ConversationKey, NewMessage
     conn = open_database(sys.argv[1])
     key = ConversationKey("agent", "proc", sys.argv[2])
@@ -266,7 +268,7 @@ def test_s8_two_processes_append_at_once_without_database_is_locked(tmp_path: Pa
 
 
 def test_s3_insert_returns_exactly_the_row_it_stored(db: apsw.Connection) -> None:
-    from fermix.storage import conversations
+    from fermix.storage.sqlite import conversations
 
     guest_key = ConversationKey("agent", "telegram", "no-row")
     with transaction(db):
@@ -299,7 +301,7 @@ def test_a1_a_messages_key_is_validated_once_per_key_and_never_skipped(
 
 
 def test_s1_a_sessions_operations_are_bound_to_its_connection_once(tmp_path: Path) -> None:
-    from fermix.storage.session import Reads, Writes
+    from fermix.storage.sqlite.session import Reads, Writes
 
     one, two = open_database(tmp_path / "one.db"), open_database(tmp_path / "two.db")
     try:

@@ -28,8 +28,9 @@ from fermix.runtime import embedding as indexers
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.server import service, serving
-from fermix.storage import Database, open_storage
+from fermix.storage import open_storage
 from fermix.storage.opening import describe, storage_url, without_password
+from fermix.storage.sqlite.database import Database
 
 SECRET = "s3cr3t-Pa55"
 URL_KEY = "fermix_core.storage.url"
@@ -175,7 +176,7 @@ def test_b1_a_missing_postgres_extra_is_a_clear_storage_error(
 ) -> None:
     """Without psycopg (``None`` in ``sys.modules`` makes its import fail, as when it is
     not installed) the PostgreSQL branch says which extra to install."""
-    for name in [m for m in sys.modules if m.startswith("fermix.storage.pg")]:
+    for name in [m for m in sys.modules if m.startswith("fermix.storage.postgres")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "psycopg", None)
     monkeypatch.setenv(STORAGE_URL_ENV, "postgresql:///fermix")

@@ -1,22 +1,21 @@
 """The storage port's contract, run over both adapters (issue 15, docs/postgres.md).
 
-Every test taking ``storage`` runs twice: on SQLite (:class:`fermix.storage.Database` in a
-temporary directory) and on PostgreSQL (:class:`fermix.storage.pg.PgDatabase` on a fresh
-database of the suite's own server, ``postgres_db``), through the same session operations.
-A test that needs both at once (search results equal between the adapters) takes both.
-
-First slice: conversations, messages and their search, bearer tokens.
+Every test taking ``storage`` runs twice: on SQLite (the ``sqlite`` adapter's ``Database``
+in a temporary directory) and on PostgreSQL (the ``postgres`` adapter's ``PgDatabase`` on a
+fresh database of the suite's own server, ``postgres_db``), through the same session
+operations; appends run the writer's own append unit. A test that needs both at once
+(search results equal between the adapters) takes both. This file: conversations,
+messages and their search, bearer tokens; the other families have their own files, and
+``test_storage_port.py`` checks both adapters against the port's declaration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import itertools
 import random
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,34 +25,13 @@ from storage_fixtures import Backend, Store
 
 from fermix.clock import now_ms
 from fermix.errors import ConflictError, InvalidInputError, WriteFailedError
-from fermix.model import AppendResult, ConversationKey, Message, NewMessage
-from fermix.storage import Reads, Writes
+from fermix.model import AppendResult, ConversationKey, NewMessage, PendingAppend
+from fermix.runtime.writer import append_unit
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456", "thread-1")
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-def _append_unit(new: NewMessage, trust: str = "operator") -> Callable[[Any], AppendResult]:
-    """The append unit of fermix/runtime/writer.py: the stored message under the client key
-    (a replay, or a conflict), else the conversation touched and the message inserted."""
-
-    def unit(writes: Any) -> AppendResult:
-        if new.client_key is not None:
-            earlier: Message | None = writes.message_by_client_key(new.key, new.client_key)
-            if earlier is not None:
-                if (earlier.role, earlier.owner_id, earlier.content) != (
-                    new.role,
-                    new.owner_id,
-                    new.content,
-                ):
-                    raise ConflictError(f"client_key {new.client_key!r} already used")
-                return AppendResult(earlier, replayed=True)
-        writes.touch_known(new.key, new.owner_id, trust)
-        return AppendResult(writes.insert_message(new), replayed=False)
-
-    return unit
 
 
 def append(
@@ -67,40 +45,8 @@ def append(
     trust: str = "operator",
 ) -> AppendResult:
     new = NewMessage(key, role, content, owner_id=owner_id, client_key=client_key)
-    result: AppendResult = db.append(_append_unit(new, trust), label="append")
+    result: AppendResult = db.append(append_unit(PendingAppend(new, trust)), label="append")
     return result
-
-
-# -- the port ----------------------------------------------------------------------------
-
-
-def test_the_postgres_sessions_offer_the_sqlite_signatures() -> None:
-    """Every operation of the PostgreSQL sessions that SQLite's sessions have takes the same
-    parameters; every operation of this slice is there."""
-    from fermix.storage.pg import PgReads, PgWrites
-
-    slice_ops = {
-        "conversation", "conversations", "window", "window_mark", "window_snapshot",
-        "window_since", "newest_user_message_id", "with_new_user_messages", "review_backlog",
-        "message", "message_by_client_key", "messages", "count_messages", "search_messages",
-        "token", "token_by_secret", "tokens", "touch_conversation", "update_conversation",
-        "claim_review", "finish_review", "fail_review", "release_expired_claims",
-        "insert_message", "insert_token", "revoke_token", "touch_known", "forget",
-    }  # fmt: skip
-    for sqlite_cls, pg_cls in ((Reads, PgReads), (Writes, PgWrites)):
-        for name in slice_ops:
-            if not hasattr(sqlite_cls, name):
-                continue
-            assert hasattr(pg_cls, name), f"{pg_cls.__name__} lacks {name}"
-            sqlite_op = inspect.getattr_static(sqlite_cls, name)
-            pg_op = inspect.getattr_static(pg_cls, name)
-            sqlite_fn = getattr(sqlite_op, "_fn", sqlite_op)
-            pg_fn = getattr(pg_op, "_fn", pg_op)
-            sqlite_params = list(inspect.signature(sqlite_fn).parameters.values())[1:]
-            pg_params = list(inspect.signature(pg_fn).parameters.values())[1:]
-            assert [(p.name, p.kind, p.default) for p in pg_params] == [
-                (p.name, p.kind, p.default) for p in sqlite_params
-            ], name
 
 
 # -- messages and windows ----------------------------------------------------------------
@@ -666,8 +612,8 @@ def test_ids_of_one_conversation_commit_in_order_across_services(backend: Backen
 
 
 def test_several_services_migrate_one_new_database_at_once(postgres_db: str) -> None:
-    from fermix.storage.pg import PgDatabase
-    from fermix.storage.pg.migrations import latest_version
+    from fermix.storage.postgres import PgDatabase
+    from fermix.storage.postgres.migrations import latest_version
 
     opened: list[PgDatabase] = []
     errors: list[BaseException] = []

@@ -9,7 +9,6 @@ rebuilt, ``PgDatabase.inspect``, and ``amcheck`` on a server that ships it.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,21 +29,13 @@ from fermix.errors import (
     StorageError,
 )
 from fermix.model import SOURCE_TYPES, ConversationKey, NewMessage, Scope
-from fermix.storage import Reads, Writes, health
+from fermix.storage.integrity import FTS_TABLES
+from fermix.storage.sqlite import health
 from fermix.stored import JobRun, ScheduledJob
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456")
 T0 = 1_700_000_000_000
-
-JOB_OPS = {
-    Reads: ("source", "sources", "job", "jobs", "runs", "run"),
-    Writes: ("ensure_source", "create_job", "start_run", "finish_run"),
-}
-HEALTH_OPS = {
-    Reads: ("schema_version", "pending_migrations", "integrity_problems", "fts_problem"),
-    Writes: ("rebuild_fts",),
-}
 
 
 def create_job(db: Store, name: str, *, agent_id: str = "agent", owner_id: str = "") -> Any:
@@ -63,7 +54,7 @@ def create_job(db: Store, name: str, *, agent_id: str = "agent", owner_id: str =
 def latest(backend: Backend) -> int:
     if backend.name == "sqlite":
         return health.latest_version()
-    from fermix.storage.pg import health as pg_health
+    from fermix.storage.postgres import health as pg_health
 
     return pg_health.latest_version()
 
@@ -87,33 +78,6 @@ def race(n: int, work: Callable[[int], Any]) -> list[Any]:
         t.join(60)
     assert not any(t.is_alive() for t in threads)
     return results
-
-
-# -- the port ----------------------------------------------------------------------------
-
-
-def test_b1_every_jobs_and_health_operation_runs_postgres_code_with_sqlite_signatures() -> None:
-    """None of them falls back to the SQLite function (which fails on a psycopg
-    connection), and each takes SQLite's parameters."""
-    from fermix.storage.pg import PgReads, PgWrites
-
-    pg_sessions = {Reads: PgReads, Writes: PgWrites}
-    for ops, module in (
-        (JOB_OPS, "fermix.storage.pg.jobs"),
-        (HEALTH_OPS, "fermix.storage.pg.health"),
-    ):
-        for session, names in ops.items():
-            for name in names:
-                sqlite_fn = inspect.getattr_static(session, name).function
-                pg_fn = inspect.getattr_static(pg_sessions[session], name).function
-                assert pg_fn.__module__ == module, name
-                assert [
-                    (p.name, p.kind, p.default)
-                    for p in list(inspect.signature(pg_fn).parameters.values())[1:]
-                ] == [
-                    (p.name, p.kind, p.default)
-                    for p in list(inspect.signature(sqlite_fn).parameters.values())[1:]
-                ], name
 
 
 # -- sources -----------------------------------------------------------------------------
@@ -437,10 +401,10 @@ def test_s1_s4_a_sound_store_has_no_integrity_problem_and_its_search_agrees(
     for full in (False, True):
         with storage.read() as r:
             assert r.integrity_problems(full=full) == []
-            for table in health.FTS_TABLES:
+            for table in FTS_TABLES:
                 assert r.fts_problem(table, full=full) is None
                 assert r.fts_problem(table, full=full, structure_checked=True) is None
-    for table in health.FTS_TABLES:
+    for table in FTS_TABLES:
         storage.write(lambda w, table=table: w.rebuild_fts(table))
     with storage.read() as r:
         assert r.fts_problem("messages_fts", full=True) is None
@@ -465,8 +429,8 @@ def test_s4_stems_drifted_by_hand_are_found_and_rebuilt_on_postgres(postgres_db:
     """2,500 messages (three batches); stems overwritten by hand in old and new rows are
     found (the newest by the quick sample, all by the full check), and rebuilt: search
     finds the rows again, and a conversation whose rows agreed keeps its window mark."""
-    from fermix.storage.pg import PgDatabase
-    from fermix.storage.pg import health as pg_health
+    from fermix.storage.postgres import PgDatabase
+    from fermix.storage.postgres import health as pg_health
 
     assert pg_health.BATCH_ROWS < 2_500 and pg_health.SAMPLE_ROWS < 2_000
 
@@ -515,7 +479,7 @@ def test_s4_stems_of_every_kind_of_text_are_rebuilt_to_what_the_writer_stored(
 ) -> None:
     """Quotes, backslashes, phrases cut by the tokenizer, scripts without spaces: the
     stems a rebuild computes equal the ones the append stored."""
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     texts = ["it's O'Brien's \\ back\\slash", "foo_bar e-mail x@y.com 3.14", "東京 日本語", "", "ß"]
     db = PgDatabase(postgres_db)
@@ -576,7 +540,7 @@ def test_s5_memory_rows_drifted_stems_and_counts_are_found_and_rebuilt(storage: 
 
 
 def test_b1_a_password_quoted_in_a_driver_error_is_scrubbed() -> None:
-    from fermix.storage.pg.database import scrubbed
+    from fermix.storage.postgres.database import scrubbed
 
     for url in (
         "postgresql://fermix:Zq%409secret@db.internal/fermix",
@@ -592,8 +556,8 @@ def test_b1_a_password_quoted_in_a_driver_error_is_scrubbed() -> None:
 
 
 def test_s2_inspect_reads_a_postgres_database_and_refuses_every_write(postgres_db: str) -> None:
-    from fermix.storage.pg import PgDatabase
-    from fermix.storage.pg import health as pg_health
+    from fermix.storage.postgres import PgDatabase
+    from fermix.storage.postgres import health as pg_health
 
     db = PgDatabase(postgres_db)
     job = create_job(db, "digest")
@@ -624,8 +588,8 @@ def test_s2_inspect_reads_a_postgres_database_and_refuses_every_write(postgres_d
 
 
 def test_s2_inspect_migrates_nothing_in_an_empty_database(postgres_db: str) -> None:
-    from fermix.storage.pg import PgDatabase
-    from fermix.storage.pg import health as pg_health
+    from fermix.storage.postgres import PgDatabase
+    from fermix.storage.postgres import health as pg_health
 
     looked = PgDatabase.inspect(postgres_db)
     try:
@@ -642,8 +606,8 @@ def test_s2_inspect_migrates_nothing_in_an_empty_database(postgres_db: str) -> N
 
 
 def test_s2_a_newer_postgres_database_is_refused_untouched(postgres_db: str) -> None:
-    from fermix.storage.pg import PgDatabase
-    from fermix.storage.pg import health as pg_health
+    from fermix.storage.postgres import PgDatabase
+    from fermix.storage.postgres import health as pg_health
 
     PgDatabase(postgres_db).close()
     newer = pg_health.latest_version() + 1
@@ -663,7 +627,7 @@ def test_s2_an_unreachable_database_is_named_without_its_password(
     """No server on the socket, and a database the server does not have: a StorageError
     naming the database, never showing the password (in the URL's user part or a
     parameter)."""
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     secret = "s3cret-Pw"
     missing = postgres_db.replace("/t_", "/missing_t_", 1)
@@ -738,7 +702,7 @@ def test_s1_amcheck_finds_an_index_missing_rows_in_a_full_check(amcheck_db: str)
     while an index was not maintained (made by hand in the catalog) are found by the full
     check (heapallindexed), which the doctor reports as a failure; the quick one checks
     the index's own structure only, which is sound."""
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     looked = PgDatabase.inspect(amcheck_db)
     looked.close()

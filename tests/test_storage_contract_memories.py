@@ -10,7 +10,6 @@ everything else must be equal.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import random
 import threading
@@ -26,7 +25,7 @@ from storage_fixtures import Backend, Store
 
 from fermix.errors import InvalidInputError, NotFoundError, WriteFailedError
 from fermix.model import MemoryRow, Provenance, Scope
-from fermix.storage import Reads, Writes
+from fermix.storage import Reads
 from fermix.stored import Revision
 
 ALICE = Scope("owner", "alice")
@@ -34,16 +33,6 @@ BOB = Scope("owner", "bob")
 SHARED = Scope("agent", "agent")
 T0 = 1_700_000_000_000
 WAIT = 30.0
-
-_MEMORY_OPS = (
-    "row", "require_row", "row_by_key", "rows", "search_rows", "relevant_rows",
-    "memory_version", "memory_agents", "memory_owners", "upsert_row", "replace_row",
-    "archive_row", "restore_row",
-)  # fmt: skip
-_RESOURCE_OPS = (
-    "resource", "resources", "current_revision", "revision", "revisions", "record_revision",
-    "lock_owner",
-)  # fmt: skip
 
 
 def upsert(
@@ -90,29 +79,6 @@ def same(both: tuple[Store, Store], name: str, *args: Any, **kwargs: Any) -> lis
     sqlite, pg = (plain(read(db, lambda r: getattr(r, name)(*args, **kwargs))) for db in both)
     assert pg == sqlite, (name, args, kwargs)
     return sqlite
-
-
-# -- the port ----------------------------------------------------------------------------
-
-
-def test_the_postgres_sessions_bind_their_own_function_for_every_operation() -> None:
-    """B1: every memory and resource operation of the PostgreSQL sessions is a PostgreSQL
-    function with the SQLite signature; none falls back to the SQLite one."""
-    from fermix.storage.pg import PgReads, PgWrites
-
-    for sqlite_cls, pg_cls in ((Reads, PgReads), (Writes, PgWrites)):
-        for name in (*_MEMORY_OPS, *_RESOURCE_OPS):
-            if not hasattr(sqlite_cls, name):
-                continue
-            sqlite_fn = inspect.getattr_static(sqlite_cls, name).function
-            pg_fn = inspect.getattr_static(pg_cls, name).function
-            assert pg_fn.__module__.startswith("fermix.storage.pg."), name
-            sqlite_params = list(inspect.signature(sqlite_fn).parameters.values())[1:]
-            pg_params = list(inspect.signature(pg_fn).parameters.values())[1:]
-            assert [(p.name, p.kind, p.default) for p in pg_params] == [
-                (p.name, p.kind, p.default) for p in sqlite_params
-            ], name
-    assert hasattr(Writes, "lock_owner") and not hasattr(Reads, "lock_owner")
 
 
 # -- rows --------------------------------------------------------------------------------
@@ -772,7 +738,7 @@ def test_over_the_match_cap_postgres_takes_the_best_by_ts_rank(
     best first, at most ``limit``."""
     if backend.name == "sqlite":
         pytest.skip("the match cap is PostgreSQL's")
-    from fermix.storage.pg import memory_relevance
+    from fermix.storage.postgres import memory_relevance
 
     monkeypatch.setattr(memory_relevance, "MAX_MATCHES", 4)
     for i in range(8):

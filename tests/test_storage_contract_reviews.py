@@ -25,9 +25,9 @@ from storage_fixtures import Backend, Store
 from fermix.clock import now_ms
 from fermix.core import review
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage import Database
-from fermix.storage.connection import transaction
-from fermix.storage.migrations import latest_version, migrations
+from fermix.storage.sqlite.connection import transaction
+from fermix.storage.sqlite.database import Database
+from fermix.storage.sqlite.migrations import latest_version, migrations
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456", "thread-1")
@@ -70,8 +70,8 @@ def claim_due(db: Store, token: str, now: int, limit: int = 50, **gates: int) ->
 
 
 def test_the_sweep_operations_take_the_same_parameters_on_both_adapters() -> None:
-    from fermix.storage import conversations as sqlite_ops
-    from fermix.storage.pg import conversations as pg_ops
+    from fermix.storage.postgres import conversations as pg_ops
+    from fermix.storage.sqlite import conversations as sqlite_ops
 
     for name in ("due_reviews", "claim_due_reviews", "claim_review", "finish_review"):
         sqlite_params = list(inspect.signature(getattr(sqlite_ops, name)).parameters.values())

@@ -10,7 +10,6 @@ where the extension cannot be created.
 
 from __future__ import annotations
 
-import inspect
 import os
 import random
 import threading
@@ -27,31 +26,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from storage_fixtures import Backend, Store
 
 from fermix.model import ConversationKey, Message, NewMessage, Scope
-from fermix.storage import Reads, Writes
-from fermix.storage.vectors import (
-    TOTAL,
-    PendingText,
-    StoredVector,
-    conversation_scope,
-    memory_scope,
-)
+from fermix.storage.port import PendingText, StoredVector, conversation_scope, memory_scope
+from fermix.storage.sqlite.vectors import TOTAL
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456", "thread-1")
 DIM = 16
 T0 = 1_700_000_000_000
-
-VECTOR_OPS = {
-    Reads: (
-        "embedding_model", "messages_to_embed", "memories_to_embed", "token_counts",
-        "scope_vectors", "nearest_messages", "memory_vectors", "vector_coverage",
-        "database_file",
-    ),
-    Writes: (
-        "record_embedding_model", "reset_vectors", "store_message_vectors",
-        "store_memory_vectors",
-    ),
-}  # fmt: skip
 
 
 def blob(rng: random.Random) -> bytes:
@@ -110,29 +91,6 @@ def add_row(db: Store, key: str, value: str, *, agent_id: str = "agent") -> Any:
             promote_target=None,
         )
     )
-
-
-# -- the port ----------------------------------------------------------------------------
-
-
-def test_b1_every_vector_operation_runs_postgres_code_with_sqlite_signatures() -> None:
-    """None falls back to the SQLite function (which fails on a psycopg connection), and
-    each takes SQLite's parameters."""
-    from fermix.storage.pg import PgReads, PgWrites
-
-    pg_sessions = {Reads: PgReads, Writes: PgWrites}
-    for session, names in VECTOR_OPS.items():
-        for name in names:
-            sqlite_fn = inspect.getattr_static(session, name).function
-            pg_fn = inspect.getattr_static(pg_sessions[session], name).function
-            assert pg_fn.__module__ == "fermix.storage.pg.vectors", name
-            assert [
-                (p.name, p.kind, p.default)
-                for p in list(inspect.signature(pg_fn).parameters.values())[1:]
-            ] == [
-                (p.name, p.kind, p.default)
-                for p in list(inspect.signature(sqlite_fn).parameters.values())[1:]
-            ], name
 
 
 # -- the model ---------------------------------------------------------------------------
@@ -425,7 +383,7 @@ def test_b3_the_same_vectors_give_the_same_scope_rows_on_both(
 @pytest.fixture
 def services(postgres_db: str) -> Iterator[list[Any]]:
     """Two services on one PostgreSQL database."""
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     dbs = [PgDatabase(postgres_db), PgDatabase(postgres_db)]
     try:
@@ -504,7 +462,7 @@ def test_b2_a_model_change_waits_for_a_unit_storing_vectors_of_the_old_one(
 
 
 def test_b1_database_file_names_the_database_without_its_password(postgres_db: str) -> None:
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     url = make_conninfo(postgres_db, password="s3cret-pw")
     db = PgDatabase(url)
@@ -538,8 +496,8 @@ def _ann(url: str) -> list[tuple[int, str]]:
 def test_q4_an_owner_scope_is_searched_through_the_approximate_index(postgres_db: str) -> None:
     """With pgvector, a filtered HNSW search returns ``limit`` rows of the scope, the exact
     nearest among them, even when the index's first candidates are mostly other owners'."""
-    from fermix.storage.pg import PgDatabase
-    from fermix.storage.pg import vectors as pg_vectors
+    from fermix.storage.postgres import PgDatabase
+    from fermix.storage.postgres import vectors as pg_vectors
 
     _pgvector(postgres_db)
     db = PgDatabase(postgres_db)
@@ -594,7 +552,7 @@ def test_q2_a_model_change_rebuilds_the_approximate_index_for_its_dimension(
 ) -> None:
     """The index follows the recorded model's dimension; one found missing is rebuilt from
     the stored vectors with the values a store writes."""
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     _pgvector(postgres_db)
     db = PgDatabase(postgres_db)
@@ -645,7 +603,7 @@ def test_q2_without_pgvector_a_model_is_recorded_and_search_reads_the_scope(
 ) -> None:
     """The refused ``CREATE EXTENSION`` leaves the recording unit whole; no approximate
     search is offered, and the scope's vectors read as everywhere."""
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     db = PgDatabase(unprivileged_db)
     try:
@@ -665,7 +623,7 @@ def test_q2_without_pgvector_a_model_is_recorded_and_search_reads_the_scope(
 def test_q2_a_message_whose_text_changes_outside_fermix_loses_its_vector(
     postgres_db: str,
 ) -> None:
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
     db = PgDatabase(postgres_db)
     try:

@@ -20,7 +20,8 @@ from fermix.home import Home
 from fermix.model import ConversationKey, MemoryRow, NewMessage
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Database, Writes
+from fermix.storage import Writes
+from fermix.storage.sqlite.database import Database
 from fermix.stored import JobCaller
 from fermix.tools import SCHEMAS, MemoryTools
 

@@ -13,8 +13,8 @@ from fermix import Memory
 from fermix.config import Config
 from fermix.errors import InvalidInputError
 from fermix.model import ConversationKey
-from fermix.storage import open_database
-from fermix.storage.connection import fetch_value
+from fermix.storage.sqlite.connection import fetch_value
+from fermix.storage.sqlite.migrations import open_database
 
 KITCHEN = ConversationKey("agent", "realtime", "kitchen")
 

@@ -27,7 +27,7 @@ from fermix.config import ReplicaConfig, load_config
 from fermix.errors import InvalidInputError, ServiceError
 from fermix.home import PRIVATE_FILE_MODE, Home, make_private_dir
 from fermix.server import replica, service
-from fermix.storage import Database
+from fermix.storage import open_file
 
 SIDE_FILES = ("-wal", "-shm")
 META_DIR = ".{}-litestream"
@@ -130,7 +130,7 @@ def _family(db: Path) -> list[Path]:
 
 def _check(path: Path) -> tuple[int, int]:
     """Open ``path`` as fermix does (migrations included); its conversations and messages."""
-    db = Database(path, readers=1)
+    db = open_file(path)
     try:
         with db.read() as reads:
             states = reads.conversations()

@@ -45,7 +45,7 @@ from fermix.embedding import Embedder, EmbeddingError, TokenCounts, from_config,
 from fermix.errors import FermixError
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads, Storage, Writes
-from fermix.storage.vectors import PendingText, StoredVector
+from fermix.storage.port import PendingText, StoredVector
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,7 @@ from fermix.runtime import embedding
 from fermix.runtime.jobs import check_caller
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads, Storage, Writes
-from fermix.storage.fts import CANDIDATES
-from fermix.storage.vectors import MAX_SCOPE_ROWS, conversation_scope, memory_scope
+from fermix.storage.port import CANDIDATES, MAX_SCOPE_ROWS, conversation_scope, memory_scope
 from fermix.stored import JobCaller
 
 MIN_COSINE = 0.2

@@ -135,7 +135,7 @@ class Writer:
             for stripe in stripes:  # in one order everywhere: no deadlock
                 held.enter_context(self._stripes[stripe])
             outcomes = self._db.append_each(
-                [(_append_unit(p), _append_label(p.new.key)) for p in pending]
+                [(append_unit(p), _append_label(p.new.key)) for p in pending]
             )
             results: list[AppendResult | BaseException] = []
             for p, (ok, value) in zip(pending, outcomes, strict=True):
@@ -223,7 +223,7 @@ class Writer:
         return repaired
 
 
-def _append_unit(pending: PendingAppend) -> Callable[[Writes], AppendResult]:
+def append_unit(pending: PendingAppend) -> Callable[[Writes], AppendResult]:
     """The write unit of one append: the conversation touched, the message inserted (or
     found under its client key, N3), the recorded peak updated."""
     new = pending.new
@@ -234,7 +234,7 @@ def _append_unit(pending: PendingAppend) -> Callable[[Writes], AppendResult]:
 def _unit_of(
     new: NewMessage, owner: str, trust: str, peak: int | None
 ) -> Callable[[Writes], AppendResult]:
-    """:func:`_append_unit` of its parts. Run with :meth:`Database.append`: it changes a
+    """:func:`append_unit` of its parts. Run with :meth:`Database.append`: it changes a
     conversation's owner and trust only through :meth:`Writes.touch_known`."""
     key = new.key
     client_key = new.client_key

@@ -10,7 +10,7 @@ alone: with a PostgreSQL storage URL they are refused (:func:`refuse_postgres`).
 a long read transaction so no checkpoint resets the WAL past what it has copied, and takes
 short write locks when it checkpoints itself (PASSIVE at 1,000 pages or every minute,
 TRUNCATE only past ~500 MB of WAL). fermix's own checkpoints are PASSIVE
-(:mod:`fermix.storage.checkpoint`): they copy frames up to Litestream's read mark and never
+(:mod:`fermix.storage.sqlite.checkpoint`): they copy frames up to Litestream's read mark and never
 restart the log under it, and the 5 s busy timeout of every fermix connection waits out
 Litestream's locks. Nothing has to change on fermix's side. Should the WAL be reset behind
 Litestream's back anyway (the last connection closing while Litestream is down deletes the

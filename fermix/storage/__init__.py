@@ -1,27 +1,23 @@
 """Storage: the source of truth (S1-S8), behind one port (B1).
 
 The layers above open the store with :func:`open_storage` (SQLite in the home, or
-PostgreSQL when a URL is set) and use its :class:`Storage` port and sessions
-(:mod:`fermix.storage.session`) only: read units on pooled read connections, write units
-through one group-commit writer. One module per table family writes the SQL; each takes an
-open connection.
+PostgreSQL when a URL is set; :func:`inspect_storage` to look without changing it) and use
+the :class:`Storage` port and its sessions only (:mod:`fermix.storage.port`): read units on
+pooled read connections, write units through one group-commit writer. The adapters,
+:mod:`fermix.storage.sqlite` and :mod:`fermix.storage.postgres`, are siblings that nothing
+above this package imports.
 """
 
-from fermix.storage.connection import connect, transaction
-from fermix.storage.database import Database
-from fermix.storage.migrations import open_database
-from fermix.storage.opening import inspect_storage, open_storage
-from fermix.storage.port import Storage
-from fermix.storage.session import Reads, Writes
+from fermix.storage.opening import inspect_storage, open_file, open_storage
+from fermix.storage.port import Inspection, Reads, Repair, Storage, Writes
 
 __all__ = [
-    "Database",
+    "Inspection",
     "Reads",
+    "Repair",
     "Storage",
     "Writes",
-    "connect",
     "inspect_storage",
-    "open_database",
+    "open_file",
     "open_storage",
-    "transaction",
 ]

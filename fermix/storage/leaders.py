@@ -1,12 +1,12 @@
 """The leaders of a group commit: concurrent callers' writes share one transaction (A1, S8).
 
 Backend-independent: the queue, who leads, absorbing, waking and handing the connection on.
-:class:`GroupCommit` is subclassed once per database (:class:`fermix.storage.committer.
-Committer` for SQLite, :class:`fermix.storage.pg.committer.PgCommitter` for PostgreSQL),
+:class:`GroupCommit` is subclassed once per database (:class:`fermix.storage.sqlite.committer.
+Committer` for SQLite, :class:`fermix.storage.postgres.committer.PgCommitter` for PostgreSQL),
 which say how one attempt at a batch runs (:meth:`GroupCommit._commit`), which of their
 driver's errors may pass (``transient``) and which are the driver's (``driver_error``), and
 how the connection closes. The protocol itself is described in
-:mod:`fermix.storage.committer`.
+:mod:`fermix.storage.sqlite.committer`.
 """
 
 from __future__ import annotations

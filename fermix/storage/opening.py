@@ -19,11 +19,11 @@ from fermix.config import STORAGE_URL_ENV, Config
 from fermix.config_rules import POSTGRES_SCHEMES
 from fermix.errors import StorageError
 from fermix.home import Home
-from fermix.storage.database import Database
 from fermix.storage.port import Storage
+from fermix.storage.sqlite.database import Database
 
 if TYPE_CHECKING:
-    from fermix.storage.pg import PgDatabase
+    from fermix.storage.postgres import PgDatabase
 
 _PG_MODULES = ("psycopg", "psycopg_pool", "psycopg_binary", "psycopg_c")
 
@@ -53,6 +53,12 @@ def open_storage(
     if url is None:
         return Database(home.db_path, vfs=vfs, readers=readers)
     return _pg_database(url)(url, readers=readers)
+
+
+def open_file(path: str | os.PathLike[str], *, readers: int = 1) -> Storage:
+    """Open (creating and migrating when needed) the SQLite file ``path`` as the home's
+    ``memory.db`` is opened: a restored replica checked before it takes the home's place."""
+    return Database(path, readers=readers)
 
 
 def inspect_storage(home: Home, config: Config) -> Storage:
@@ -93,7 +99,7 @@ def _pg_database(url: str) -> type[PgDatabase]:
             " [fermix_core.storage] url); unset both for memory.db in the home"
         )
     try:
-        from fermix.storage.pg import PgDatabase
+        from fermix.storage.postgres import PgDatabase
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] not in _PG_MODULES:
             raise

@@ -9,17 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import apsw
 import tenacity
-
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    apsw.BusyError,
-    apsw.LockedError,
-    apsw.IOError,
-    apsw.FullError,
-)
-"""Errors that can pass: another writer holds the lock, the disk hiccupped or was full for a
-moment (a checkpoint or another program frees space). Anything else is not retried."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +29,10 @@ def retrying(
     policy: RetryPolicy = DEFAULT_RETRY,
     *,
     attempts: int | None = None,
-    transient: tuple[type[BaseException], ...] = TRANSIENT_ERRORS,
+    transient: tuple[type[BaseException], ...],
 ) -> tenacity.Retrying:
-    """A tenacity loop over ``policy`` that retries only ``transient`` errors (SQLite's
-    :data:`TRANSIENT_ERRORS` by default) and re-raises the last one; ``attempts``
+    """A tenacity loop over ``policy`` that retries only ``transient`` errors (each
+    adapter's own: its lock and I/O errors) and re-raises the last one; ``attempts``
     overrides the policy's count."""
     return tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(transient),

@@ -16,8 +16,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from fermix.storage import open_database
-from fermix.storage.connection import fetch_rows
+from fermix.storage.sqlite.connection import fetch_rows
+from fermix.storage.sqlite.migrations import open_database
 
 ERROR_MARKS = ("Traceback", "locked", "BusyError", "StorageError", "WriteFailedError")
 """Text that must never appear in a host's or a command's stderr."""

@@ -16,7 +16,7 @@ home open to other accounts is made owner-only (M10).
 :func:`~.environment.check_model`.
 
 The database checks run quick by default and in full with ``full=True`` (``doctor
---full``): see :mod:`fermix.storage.health` for what each depth reads.
+--full``): see :mod:`fermix.storage.sqlite.health` for what each depth reads.
 
 The modules, one concept each:
 

@@ -12,10 +12,10 @@ from fermix.cli.doctor_checks.outcome import Check
 from fermix.config import STORAGE_URL_ENV, Config
 from fermix.errors import FermixError, SchemaTooNewError
 from fermix.home import Home
-from fermix.storage import Reads, Storage, health, inspect_storage
+from fermix.storage import Inspection, Storage, inspect_storage
+from fermix.storage.integrity import fts_damage, is_fts_damage
 from fermix.storage.opening import uses_postgres
 
-FTS_TABLES = health.FTS_TABLES
 _RESTORE = "restore memory.db from a backup; fermix cannot open it and did not change it"
 _REACH = (
     "check that the PostgreSQL server runs and that the URL ([fermix_core.storage] url or"
@@ -43,7 +43,7 @@ def open_database(home: Home, config: Config) -> tuple[Check, Storage | None]:
     except FermixError as exc:
         return Check("database", "fail", str(exc), hint), None
     try:
-        with db.read() as reads:
+        with db.inspection() as reads:
             version = reads.schema_version()
             pending = reads.pending_migrations()
     except FermixError as exc:
@@ -56,25 +56,20 @@ def open_database(home: Home, config: Config) -> tuple[Check, Storage | None]:
     return Check("database", "pass", f"{db.name} opens; schema v{version} is current"), db
 
 
-def integrity_check_name(*, full: bool = False, postgres: bool = False) -> str:
-    """What :func:`check_integrity` runs: SQLite's quick or full check, or amcheck's."""
-    return "amcheck (where installed)" if postgres else health.integrity_check_name(full=full)
-
-
 def check_integrity(
-    reads: Reads, *, full: bool = False, postgres: bool = False
+    reads: Inspection, *, full: bool = False, postgres: bool = False
 ) -> tuple[Check, list[str]]:
     """The store's integrity check (quick, or full with ``full``), and every problem it
     found: SQLite's, or on PostgreSQL amcheck's where it is installed.
 
     Damage to an FTS index alone only warns: :func:`check_fts` is the check to act on.
     """
-    name = integrity_check_name(full=full, postgres=postgres)
+    name = reads.integrity_check_name(full=full)
     problems = reads.integrity_problems(full=full)
     if not problems:
         more = "" if full or postgres else " (`fermix doctor --full` runs integrity_check)"
         return Check("integrity", "pass", f"{name}: ok{more}"), problems
-    serious = [p for p in problems if not health.is_fts_damage(p)]
+    serious = [p for p in problems if not is_fts_damage(p)]
     if not serious:
         summary = f"{name}: only FTS index damage ({problems[0]})"
         return Check("integrity", "warn", summary, "see the FTS mirror checks below"), problems
@@ -90,7 +85,7 @@ def check_integrity(
 
 
 def check_fts(
-    reads: Reads,
+    reads: Inspection,
     table: str,
     *,
     full: bool = False,
@@ -104,7 +99,7 @@ def check_fts(
     terms too. A row missing from the mirror, a ghost row only in it, or damage is found.
     On PostgreSQL the mirror is each row's stems, sampled against their text.
     """
-    problem = None if integrity is None else health.fts_damage(integrity, table)
+    problem = None if integrity is None else fts_damage(integrity, table)
     if problem is None:
         problem = reads.fts_problem(table, full=full, structure_checked=integrity is not None)
     if problem is not None:

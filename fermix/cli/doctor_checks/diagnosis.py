@@ -9,13 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from fermix.cli.doctor_checks.database import (
-    FTS_TABLES,
-    check_fts,
-    check_integrity,
-    integrity_check_name,
-    open_database,
-)
+from fermix.cli.doctor_checks.database import check_fts, check_integrity, open_database
 from fermix.cli.doctor_checks.environment import check_config, check_disk, check_model
 from fermix.cli.doctor_checks.fixes import apply_fixes
 from fermix.cli.doctor_checks.outcome import Check, Progress, Report, quiet
@@ -26,7 +20,8 @@ from fermix.cli.doctor_checks.vectors import check_vectors
 from fermix.config import Config
 from fermix.errors import FermixError
 from fermix.home import Home
-from fermix.storage import Reads, Storage
+from fermix.storage import Inspection, Storage
+from fermix.storage.integrity import FTS_TABLES
 from fermix.storage.opening import uses_postgres
 
 
@@ -42,17 +37,17 @@ def database_checks(
     """The checks of a database whose schema is current, each in its own read unit."""
     postgres = uses_postgres(config)
 
-    def run(name: str, check: Callable[[Reads], Check]) -> Check:
+    def run(name: str, check: Callable[[Inspection], Check]) -> Check:
         progress(f"checking {name}")
         try:
-            with db.read() as reads:
+            with db.inspection() as reads:
                 return check(reads)
         except (FermixError, OSError) as exc:
             return _failed(name, exc)
 
-    progress(f"checking integrity ({integrity_check_name(full=full, postgres=postgres)})")
     try:
-        with db.read() as reads:
+        with db.inspection() as reads:
+            progress(f"checking integrity ({reads.integrity_check_name(full=full)})")
             integrity, problems = check_integrity(reads, full=full, postgres=postgres)
         found: list[str] | None = problems
     except (FermixError, OSError) as exc:

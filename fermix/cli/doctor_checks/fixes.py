@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fermix.cli.doctor_checks.database import FTS_TABLES
 from fermix.cli.doctor_checks.outcome import Check, Progress, quiet
 from fermix.cli.doctor_checks.permissions import tighten
 from fermix.config import Config
 from fermix.home import Home
 from fermix.runtime.prompt_files import PromptFiles
-from fermix.storage import Writes, open_storage
+from fermix.storage import Repair, open_storage
+from fermix.storage.integrity import FTS_TABLES
 from fermix.storage.opening import uses_postgres
 
 
@@ -46,7 +46,7 @@ def apply_fixes(
     db = open_storage(home, config, readers=1)  # creates memory.db, applies migrations
     try:
         if "migrate" in wanted:
-            with db.read() as reads:
+            with db.inspection() as reads:
                 version = reads.schema_version()
             done.append(
                 f"applied migrations up to schema v{version}"
@@ -57,7 +57,7 @@ def apply_fixes(
             if check.fix == "fts" and check.name in FTS_TABLES:
                 table = check.name
                 progress(f"rebuilding {table}")
-                db.write(_rebuild(table), label=f"doctor: rebuild {table}")
+                db.repair(_rebuild(table), label=f"doctor: rebuild {table}")
                 done.append(f"rebuilt {table} from its content table")
         if "prompt_files" in wanted:
             progress("rendering prompt files")
@@ -77,10 +77,10 @@ def apply_fixes(
     return done
 
 
-def _rebuild(table: str) -> Callable[[Writes], None]:
+def _rebuild(table: str) -> Callable[[Repair], None]:
     """A write unit rebuilding FTS mirror ``table`` from its content table."""
 
-    def unit(writes: Writes) -> None:
+    def unit(writes: Repair) -> None:
         writes.rebuild_fts(table)
 
     return unit

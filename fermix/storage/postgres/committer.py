@@ -1,0 +1,248 @@
+"""Group commit on PostgreSQL: the concurrent write units of one process share transactions.
+
+The leader/absorb scheme of :mod:`fermix.storage.sqlite.committer` (the shared
+:class:`~fermix.storage.leaders.GroupCommit`), on one psycopg connection per process
+(autocommit mode, transactions opened and ended here):
+
+* a caller that finds the connection free leads: ``BEGIN`` (READ COMMITTED), its unit, and
+  every unit queued meanwhile (up to ``max_batch``), then ``COMMIT``; it wakes its batch's
+  callers and hands the connection to the first caller queued after them;
+* a caller that finds it held queues and sleeps on a lock of its own.
+
+**Two round trips an append, with a remote server.** There a batch runs in pipeline mode
+(:func:`fermix.storage.postgres.connection.pipeline`): ``BEGIN`` and the statements whose result
+nobody reads (a conversation's touch) go out with the next statement read, so an append
+costs one round trip for ``BEGIN``, touch and insert, and one for ``COMMIT``, instead of
+four. With a server on this machine, where a round trip costs less than pipeline mode's own
+work, each statement goes out alone. A pipelined attempt that fails is rolled back with
+psycopg's ``rollback()``, which also forgets its prepared statements: a statement prepared
+behind a failed one in the pipeline never was, though psycopg counts it as prepared.
+
+**No deadlock between the batches of two services.** A batch holds the row locks its units
+took until it commits (a conversation's row for each append); two batches each waiting for
+a row the other holds deadlock, and PostgreSQL aborts one after ``deadlock_timeout`` (1 s).
+So a batch waits for a lock only in its first unit, when it holds none: the units absorbed
+after it run under ``lock_timeout`` = 1 ms, and one that would wait longer
+(``LockNotAvailable``) is left out with every unit after it: the attempt is rolled back and
+runs again without them, and they go back to the front of the queue, the first of them to
+lead the next batch, where it may wait. A transaction waiting while it holds no lock cannot
+be part of a cycle, and a wait that ends within 1 ms ends long before the deadlock detector
+looks, so no deadlock comes of batching: only a unit that locks two rows in the opposite
+order of another unit's could still meet one, as it would alone, and an append locks one
+row. Leaving out the later units too keeps each caller's units in call order. (Locking a
+batch's conversations in key order first, the other way, needs to know a unit's rows
+before running it; a unit is a function.) A deadlock or a serialization failure that
+happens anyway is a transient error, retried as below.
+
+A unit that raises aborts the transaction (a failed statement aborts a PostgreSQL
+transaction): it is rolled back and the batch runs again with a ``SAVEPOINT`` per unit, so
+only the failing unit is left out and its caller alone gets the error, a database error as
+a :class:`~fermix.errors.WriteFailedError` whose cause is psycopg's. A unit alone gets its
+error at once, except:
+
+**A unique violation runs the unit once more.** Another transaction (another process)
+committed the same unique key between the unit's read and its insert: the insert waited
+for that commit, then failed. Under READ COMMITTED the unit's reads, run again, see the
+committed row: an append retried under the same client key then answers with the stored
+message (N3) instead of failing.
+
+Transient failures (:data:`TRANSIENT_ERRORS`: deadlock, serialization failure, a lost
+connection, the server shutting down) retry the whole batch per the :class:`RetryPolicy`,
+on a new connection when the old one broke. After the last attempt every unit of the batch
+fails with :class:`WriteFailedError`; nothing of it was committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Final
+
+import psycopg
+import psycopg.errors
+from psycopg import pq
+
+from fermix.storage.leaders import GroupCommit, Unit
+from fermix.storage.postgres.connection import Conn, pipeline, remote, send, settle
+from fermix.storage.postgres.session import PgWrites
+from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
+
+log = logging.getLogger(__name__)
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.errors.TransactionRollback,  # 40001 serialization failure, 40P01 deadlock
+    psycopg.OperationalError,  # connection lost, admin shutdown, too many connections
+)
+NO_WAITING: Final = "SET LOCAL lock_timeout = '1ms'"
+"""Sent after a batch's first unit: the units absorbed after it do not wait for a lock."""
+Work = Callable[[PgWrites], Any]
+
+
+class PgCommitter(GroupCommit):
+    """The group commit on PostgreSQL: one write connection, opened again if it breaks."""
+
+    transient = TRANSIENT_ERRORS
+    driver_error = psycopg.Error
+
+    def __init__(
+        self,
+        connect: Callable[[], Conn],
+        *,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        max_batch: int = 512,
+        pipelined: bool | None = None,
+    ) -> None:
+        self._connect = connect
+        self._conn = connect()
+        self._session = PgWrites(self._conn)
+        self._pipelined = remote(self._conn) if pipelined is None else pipelined
+        """Whether batches run in pipeline mode (by default: with a remote server)."""
+        super().__init__(retry=retry, max_batch=max_batch)
+        self.transient_failures = 0
+        """Attempts at a batch that failed with a transient error, for tests and benchmarks."""
+        self.deferred = 0
+        """Units left for a later batch because a row they needed was locked."""
+
+    def _close_connection(self) -> None:
+        self._conn.close()
+
+    def _connection(self) -> Conn:
+        """The write connection, opened again if it broke (the server restarted)."""
+        if self._conn.closed or self._conn.broken:
+            self._conn.close()
+            self._conn = self._connect()
+            self._session = PgWrites(self._conn)
+        return self._conn
+
+    def _commit(self, batch: list[Unit]) -> None:
+        """One attempt at the batch; transient errors propagate for a retry of all of it."""
+        try:
+            self._attempt(batch)
+        except TRANSIENT_ERRORS:
+            self.transient_failures += 1
+            raise
+
+    def _attempt(self, batch: list[Unit]) -> None:
+        absorb = True
+        while True:
+            conn = self._connection()
+            left: int | None = None
+            try:
+                with pipeline(conn) if self._pipelined else contextlib.nullcontext():
+                    send(conn, "BEGIN")
+                    self._session.forget()
+                    left = self._run(conn, batch, absorb=absorb)
+                    if left is None:
+                        send(conn, "COMMIT")
+            except TRANSIENT_ERRORS:
+                self._rollback()
+                raise
+            except Exception as exc:  # noqa: BLE001 - a unit failed: isolate it, or hand it back
+                self._rollback()
+                if len(batch) == 1 and not isinstance(exc, psycopg.errors.UniqueViolation):
+                    batch[0].fail(exc, psycopg.Error)
+                else:
+                    self._commit_isolated(batch)
+                return
+            except BaseException:
+                self._rollback()
+                raise
+            if left is None:
+                break
+            # Run again without the units that would have waited, absorbing no more.
+            self._rollback()
+            self._defer(batch, left)
+            absorb = False
+        for unit in batch:
+            unit.ok = True
+
+    def _run(self, conn: Conn, batch: list[Unit], *, absorb: bool) -> int | None:
+        """Run the batch's units, then (with ``absorb``) those queued meanwhile; return the
+        index of the first unit that would have waited for a lock (it and those after it
+        are to be left out), or None when all ran."""
+        session = self._session
+        batch[0].value = batch[0].work(session)  # a result, not an outcome until committed
+        ran = 1
+        while ran < len(batch) or (absorb and self._queue and self._absorb(batch)):
+            if ran == 1:
+                send(conn, NO_WAITING)
+            for index in range(ran, len(batch)):
+                try:
+                    batch[index].value = batch[index].work(session)
+                    settle(conn)  # its statements' errors are its own
+                except psycopg.errors.LockNotAvailable:
+                    return index
+            ran = len(batch)
+        return None
+
+    def _defer(self, batch: list[Unit], start: int) -> None:
+        """Put ``batch[start:]`` back at the front of the queue, in order."""
+        left = batch[start:]
+        del batch[start:]
+        with self._mutex:
+            self._queue.extendleft(reversed(left))
+        self.deferred += len(left)
+        log.debug("%d write(s) wait for rows another transaction holds: next batch", len(left))
+
+    def _commit_isolated(self, batch: list[Unit]) -> None:
+        """The batch again, each unit in a savepoint, leaving out the ones that raise (and,
+        as in :meth:`_attempt`, those from the first that would wait for a lock on)."""
+        conn = self._connection()
+        conn.execute("BEGIN")
+        try:
+            self._session.forget()
+            outcomes: list[tuple[bool, Any]] = []
+            for index, unit in enumerate(batch):
+                if index == 1:
+                    conn.execute(NO_WAITING)
+                outcome = self._savepointed(conn, unit.work, first=index == 0)
+                if outcome is None:
+                    self._defer(batch, index)
+                    break
+                outcomes.append(outcome)
+            conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
+        for unit, (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                unit.succeed(value)
+            else:
+                unit.fail(value, psycopg.Error)
+
+    def _savepointed(self, conn: Conn, work: Work, *, first: bool) -> tuple[bool, Any] | None:
+        """Run ``work`` in a savepoint: its outcome, or None when it would have waited for
+        a lock (not ``first``: rolled back, to run in a later batch)."""
+        for attempt in range(2):
+            conn.execute("SAVEPOINT unit")
+            try:
+                value = work(self._session)
+            except TRANSIENT_ERRORS:
+                raise
+            except Exception as exc:  # noqa: BLE001 - handed to this unit's caller
+                conn.execute("ROLLBACK TO SAVEPOINT unit")
+                conn.execute("RELEASE SAVEPOINT unit")
+                self._session.forget()
+                if not first and isinstance(exc, psycopg.errors.LockNotAvailable):
+                    return None
+                if attempt == 0 and isinstance(exc, psycopg.errors.UniqueViolation):
+                    continue  # another transaction committed the key: read it this time
+                return (False, exc)
+            conn.execute("RELEASE SAVEPOINT unit")
+            return (True, value)
+        raise AssertionError("unreachable")
+
+    def _rollback(self) -> None:
+        try:
+            conn = self._conn
+            if conn.closed or conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                pass
+            elif self._pipelined:
+                conn.rollback()  # and forget the prepared statements (the module's docstring)
+            else:
+                conn.execute("ROLLBACK")
+        except psycopg.OperationalError:
+            self._conn.close()  # broken: the next attempt connects again
+        finally:
+            self._session.forget()

@@ -1,0 +1,251 @@
+"""``PgDatabase``: one process's way into a PostgreSQL database, the port of
+:class:`fermix.storage.Database`.
+
+Reads run on a ``psycopg_pool`` pool of autocommit connections (each statement sees every
+commit made before it, as a SQLite read outside a transaction does); writes run through the
+process's group commit (:class:`~fermix.storage.postgres.committer.PgCommitter`) on a connection
+of its own. Opening migrates the database (:mod:`fermix.storage.postgres.migrations`), once
+whichever of several services starting together gets there first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from fermix.errors import StorageError
+from fermix.storage.port import Inspection, Repair, Storage, Writes
+from fermix.storage.postgres import health
+from fermix.storage.postgres.committer import PgCommitter
+from fermix.storage.postgres.connection import Conn
+from fermix.storage.postgres.migrations import check_version, migrate
+from fermix.storage.postgres.session import PgReads
+from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
+
+T = TypeVar("T")
+W = TypeVar("W", bound=Writes)
+
+
+def connect(url: str) -> Conn:
+    """A connection in autocommit mode (transactions are opened explicitly)."""
+    return psycopg.connect(url, autocommit=True)
+
+
+class PgDatabase(Storage):
+    """A PostgreSQL database shared by any number of fermix processes (issue 15)."""
+
+    _committer: PgCommitter | None
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        readers: int = 4,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        max_batch: int = 512,
+    ) -> None:
+        self.url = url
+        self.name = describe(url)
+        try:
+            conn = connect(url)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot connect to {self.name}: {scrubbed(url, exc)}") from exc
+        try:
+            migrate(conn)
+            health.enable_amcheck(conn)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot migrate {self.name}: {scrubbed(url, exc)}") from exc
+        finally:
+            conn.close()
+        self._committer = PgCommitter(lambda: connect(url), retry=retry, max_batch=max_batch)
+        self._readers: ConnectionPool[Conn] = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=readers,
+            kwargs={"autocommit": True},
+            name="fermix-reads",
+            open=True,
+        )
+
+    @classmethod
+    def inspect(cls, url: str) -> PgDatabase:
+        """Open the database ``url`` names to look at it (``fermix doctor``), never to change it.
+
+        Nothing is migrated or created (``r.schema_version()`` and ``r.pending_migrations()``
+        say where it stands); every read connection is read-only
+        (``default_transaction_read_only``), and :meth:`write` refuses. A schema newer than
+        this fermix is a :class:`~fermix.errors.SchemaTooNewError`; a server that cannot be
+        reached, or a database that cannot be read, a :class:`~fermix.errors.StorageError`
+        naming the database without its password.
+        """
+        name = describe(url)
+        try:
+            conn = connect(url)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot connect to {name}: {scrubbed(url, exc)}") from exc
+        try:
+            _read_only(conn)
+            check_version(conn)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot read {name}: {scrubbed(url, exc)}") from exc
+        finally:
+            conn.close()
+        db = cls.__new__(cls)
+        db.url = url
+        db.name = name
+        db._committer = None
+        db._readers = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=1,
+            kwargs={"autocommit": True},
+            configure=_read_only,
+            name="fermix-inspect",
+            open=True,
+        )
+        return db
+
+    @property
+    def key(self) -> str:
+        """The URL without its password: one key per database in every process."""
+        return redacted(self.url)
+
+    @property
+    def shared(self) -> bool:
+        """Always: services on other machines may write the same database."""
+        return True
+
+    def read(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[PgReads]:
+        """A read unit: the block's reads run on one pooled connection. A database error is
+        a :class:`~fermix.errors.StorageError` naming the database."""
+        return self._session(timeout)
+
+    def inspection(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[Inspection]:
+        """A read unit for ``fermix doctor``: the session offers the health checks too."""
+        return self._session(timeout)
+
+    @contextlib.contextmanager
+    def _session(self, timeout: float) -> Iterator[PgReads]:
+        """A read unit: the block's reads run on one pooled connection. A database error is
+        a :class:`~fermix.errors.StorageError` naming the database."""
+        try:
+            connection = self._readers.connection(timeout)
+            conn = connection.__enter__()
+        except PoolTimeout:
+            raise StorageError(f"no read connection free after {timeout} s") from None
+        try:
+            yield PgReads(conn)
+        except psycopg.Error as exc:
+            connection.__exit__(type(exc), exc, exc.__traceback__)
+            raise StorageError(f"{self.name}: {type(exc).__name__}: {exc}") from exc
+        except BaseException as exc:
+            connection.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        connection.__exit__(None, None, None)
+
+    def write(self, unit: Callable[[Writes], T], *, label: str = "write") -> T:
+        """Run ``unit`` in a write transaction; return its result once committed."""
+        result: T = self._writer(label).run(_forgetting(unit), label=label)
+        return result
+
+    def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """:meth:`write` for an append (it changes owners and trusts only by ``touch_known``)."""
+        result: T = self._writer(label).run(unit, label=label)
+        return result
+
+    def write_each(
+        self, units: Sequence[tuple[Callable[[Writes], T], str]]
+    ) -> list[tuple[bool, T | BaseException]]:
+        """Run each ``(unit, label)`` as :meth:`write` would, in order, sharing commits."""
+        return self._writer("writes").run_many(
+            [(_forgetting(unit), label) for unit, label in units]
+        )
+
+    def append_each(
+        self, units: Sequence[tuple[Callable[[Writes], T], str]]
+    ) -> list[tuple[bool, T | BaseException]]:
+        """:meth:`write_each` for appends."""
+        return self._writer("writes").run_many(list(units))
+
+    def repair(self, unit: Callable[[Repair], T], *, label: str = "repair") -> T:
+        """:meth:`write` for ``fermix doctor --fix``: the unit may rebuild search stems."""
+        result: T = self._writer(label).run(_forgetting(unit), label=label)
+        return result
+
+    def _writer(self, label: str) -> PgCommitter:
+        """The group commit; a :class:`StorageError` when opened by :meth:`inspect`."""
+        if self._committer is None:
+            raise StorageError(f"{self.name} is open for inspection only: {label} refused")
+        return self._committer
+
+    @property
+    def commits(self) -> int:
+        """Write transactions committed so far (for benchmarks and tests)."""
+        return 0 if self._committer is None else self._committer.batches
+
+    def close(self) -> None:
+        """Finish the queued writes, then close every connection."""
+        try:
+            if self._committer is not None:
+                self._committer.close()
+        finally:
+            self._readers.close()
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password (a registry key that may be logged)."""
+    try:
+        params: dict[str, Any] = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "postgresql:?"
+    params.pop("password", None)
+    return "postgresql:" + " ".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def describe(url: str) -> str:
+    """The database ``url`` names, without its password (for messages and logs)."""
+    try:
+        params: dict[str, Any] = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "a PostgreSQL database"
+    host = params.get("host", "")
+    return f"PostgreSQL database {params.get('dbname', '?')!r}" + (f" on {host}" if host else "")
+
+
+_PASSWORDS = (
+    (re.compile(r"(://[^:/?#@\s]*:)[^@\s]*@"), r"\1***@"),  # postgresql://user:secret@host
+    (re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.I), r"\1***"),  # password=x
+)
+
+
+def scrubbed(url: str, error: BaseException) -> str:
+    """``error``'s message without the password of ``url`` (a driver may quote the URL)."""
+    text = str(error)
+    try:
+        password = conninfo_to_dict(url).get("password")
+    except psycopg.ProgrammingError:
+        password = None
+    if password:
+        text = text.replace(str(password), "***")
+    for pattern, replacement in _PASSWORDS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _read_only(conn: Conn) -> None:
+    """Make every transaction of ``conn`` read-only (an inspecting connection)."""
+    conn.execute("SET default_transaction_read_only = on")
+
+
+def _forgetting(unit: Callable[[W], T]) -> Callable[[W], T]:
+    def run(writes: W) -> T:
+        writes.forget()
+        return unit(writes)
+
+    return run

@@ -1,0 +1,339 @@
+"""The ``messages`` table on PostgreSQL: the operations of :mod:`fermix.storage.sqlite.messages`,
+with the same results.
+
+The row's id is drawn by the ``messages_bi`` trigger after the conversation's row is
+locked (schema.sql), so within one conversation ids commit in order. A message is stored
+with its search stems (:mod:`fermix.storage.postgres.stems`); a search finds the scope's rows
+holding a word (a small conversation's by reading them, any other scope's through the GIN
+index over the stems), then ranks exactly as SQLite does (:func:`fermix.storage.fulltext.preselect`
+and :func:`~fermix.storage.fulltext.rank`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fermix.clock import now_ms
+from fermix.model import ConversationKey, Message, NewMessage, SearchHit
+from fermix.storage import fulltext as fts
+from fermix.storage.messages import (
+    MAX_SCOPED_MATCHES,
+    conversation_token,
+    owner_token,
+    scope_filter,
+)
+from fermix.storage.port import CANDIDATES, SearchHits
+from fermix.storage.postgres import stems
+from fermix.storage.postgres.connection import Conn, fetch_rows, fetch_value
+
+_COLUMNS = (
+    "id, agent_id, owner_id, channel, chat_id, thread_scope, sender, role, kind, content, "
+    "metadata_json, created_at, trust, client_key"
+)
+_WHERE_KEY = "agent_id = %s AND channel = %s AND chat_id = %s AND thread_scope = %s"
+
+
+def _row(values: tuple[Any, ...]) -> Message:
+    return Message(*values)
+
+
+_INSERT = (
+    "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
+    " kind, content, metadata_json, created_at, client_key, stems, trust)"
+    " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,{created_at},%s,%s::tsvector,{trust})"
+    " RETURNING id, created_at, trust"
+)
+_NOT_BEFORE_LATEST = f"greatest(%s, (SELECT max(created_at) FROM messages WHERE {_WHERE_KEY}))"
+_CONVERSATION_TRUST = f"coalesce((SELECT trust FROM conversations WHERE {_WHERE_KEY}), 'guest')"
+_INSERTS = {
+    (stamped, trusted): _INSERT.format(
+        created_at="%s" if stamped else _NOT_BEFORE_LATEST,
+        trust="%s" if trusted else _CONVERSATION_TRUST,
+    )
+    for stamped in (False, True)
+    for trusted in (False, True)
+}
+"""The insert, by (time given as it is, trust given)."""
+
+
+def document(content: str, key: ConversationKey, owner_id: str) -> str:
+    """The ``stems`` of a message (a ``tsvector`` literal): the stems of ``content`` and the
+    scope lexemes of its conversation ``key`` and of its owner. Written by :func:`insert`,
+    checked and rebuilt by :mod:`fermix.storage.postgres.health`."""
+    return stems.document(content, (conversation_token(key), owner_token(key.agent_id, owner_id)))
+
+
+def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Message:
+    """Insert ``new`` in the caller's transaction and return the stored row.
+
+    Its trust is ``new.trust``, or else its conversation's (a guest's without a row, M2).
+    Its time is ``created_at``, or else now but not before the conversation's latest
+    message: the caller touched the conversation first, so its row is locked when the
+    insert runs and every message committed before it is seen. Within a conversation times
+    then follow ids, as on SQLite, even when another service's clock is ahead of this one's
+    (another machine: windows are read in time order, and a time behind the latest would
+    put an acknowledged message before older ones, tests/test_multi_service.py), and even
+    though in the group commit's pipeline the clock is read before the touch has waited for
+    the lock. The read of the latest time (about 20 us) is paid on every insert: reading
+    the clock after the lock is not enough, since the clocks of two services need not agree.
+
+    A client key already stored in the conversation, by this transaction or one committed
+    (in any process), is a ``psycopg.errors.UniqueViolation``; the PostgreSQL committer
+    runs the unit once more, so its own read by client key then finds that row (N3).
+    """
+    key = new.key.as_tuple()
+    agent_id, channel, chat_id, thread_scope = key
+    values = (
+        agent_id,
+        new.owner_id,
+        channel,
+        chat_id,
+        thread_scope,
+        new.sender,
+        new.role,
+        new.kind,
+        new.content,
+        new.metadata_json(),
+    )
+    stamped = created_at is not None
+    params: list[Any] = [*values, now_ms() if created_at is None else created_at]
+    if not stamped:
+        params.extend(key)
+    params += [new.client_key, document(new.content, new.key, new.owner_id)]
+    params.extend(key if new.trust is None else (new.trust,))
+    sql = _INSERTS[(stamped, new.trust is not None)]
+    message_id, stored_at, trust = fetch_rows(conn, sql, params)[0]
+    return Message(int(message_id), *values, int(stored_at), trust, new.client_key)
+
+
+def by_client_key(conn: Conn, key: ConversationKey, client_key: str) -> Message | None:
+    """The message of conversation ``key`` stored under ``client_key``, or None (N3)."""
+    rows = fetch_rows(
+        conn,
+        f"SELECT {_COLUMNS} FROM messages WHERE {_WHERE_KEY} AND client_key = %s",
+        (*key.as_tuple(), client_key),
+    )
+    return _row(rows[0]) if rows else None
+
+
+def get(conn: Conn, message_id: int) -> Message | None:
+    """The message with ``message_id``, or None."""
+    rows = fetch_rows(conn, f"SELECT {_COLUMNS} FROM messages WHERE id = %s", (message_id,))
+    return _row(rows[0]) if rows else None
+
+
+def conversation(
+    conn: Conn,
+    key: ConversationKey,
+    *,
+    after_id: int = 0,
+    limit: int | None = None,
+    newest: bool = False,
+    role: str | None = None,
+) -> list[Message]:
+    """Messages of ``key`` with id > ``after_id``, oldest first.
+
+    With ``limit``, the first ``limit`` such messages, or the last ``limit`` when ``newest``
+    (still returned oldest first).
+    """
+    where = f"{_WHERE_KEY} AND id > %s"
+    params: list[Any] = [*key.as_tuple(), after_id]
+    if role is not None:
+        where += " AND role = %s"
+        params.append(role)
+    order = "DESC" if newest else "ASC"
+    sql = f"SELECT {_COLUMNS} FROM messages WHERE {where} ORDER BY created_at {order}, id {order}"
+    if limit is not None:
+        sql += " LIMIT %s"
+        params.append(limit)
+    rows = [_row(r) for r in fetch_rows(conn, sql, params)]
+    if newest:
+        rows.reverse()
+    return rows
+
+
+def count(conn: Conn, key: ConversationKey, *, after_id: int = 0) -> int:
+    """How many messages ``key`` has with id > ``after_id``."""
+    return int(
+        fetch_value(
+            conn,
+            f"SELECT count(*) FROM messages WHERE {_WHERE_KEY} AND id > %s",
+            (*key.as_tuple(), after_id),
+        )
+    )
+
+
+def stored_after(
+    conn: Conn,
+    key: ConversationKey,
+    *,
+    after_id: int,
+    stored_from: int = 0,
+    limit: int | None = None,
+) -> list[Message]:
+    """Messages of ``key`` with id > ``after_id`` stored at or after ``stored_from`` (epoch
+    ms), oldest first; the newest ``limit`` of them when given."""
+    sql = f"SELECT {_COLUMNS} FROM messages WHERE {_WHERE_KEY} AND created_at >= %s AND id > %s"
+    params: list[Any] = [*key.as_tuple(), stored_from, after_id]
+    if limit is None:
+        return [_row(r) for r in fetch_rows(conn, sql + " ORDER BY created_at, id", params)]
+    rows = [
+        _row(r)
+        for r in fetch_rows(
+            conn, sql + " ORDER BY created_at DESC, id DESC LIMIT %s", [*params, limit]
+        )
+    ]
+    rows.reverse()
+    return rows
+
+
+# -- search ----------------------------------------------------------------------------
+
+DIRECT_MATCH_ROWS = 1_000
+"""The most messages a conversation may hold for a search to read them all by its index and
+match each row's stems, instead of asking the GIN index.
+
+The GIN index finds a conversation's matching rows by stepping through every search word's
+posting list from one of the conversation's runs of ids to the next, and those lists grow
+with the table: for a conversation of 500 messages the index scan read 19 pages at 20,000
+messages and 71 at 1,000,000 (p50; p99 28 and 172), while the rows it led to took 25 pages
+at both, and the statement's time went from 0.21 to 0.94 ms. Reading the whole conversation
+took 0.42 and 0.64 ms (its own pages only; at 1,000,000 messages they come from outside
+PostgreSQL's buffers). Both ways cost the same at about 2,000 messages in a table of
+1,000,000 (bench/backends.py's data: a conversation's sessions interleaved with others');
+in a smaller table the index wins sooner, hence half that."""
+
+
+@dataclass(frozen=True, slots=True)
+class SearchScope:
+    """The messages one search covers, as :class:`fermix.storage.sqlite.messages.SearchScope`: a
+    SQL filter on ``messages AS m`` (the rule) and the scope lexemes that let the GIN index
+    walk only the scope's rows (the accelerator)."""
+
+    where: tuple[str, ...]
+    params: tuple[Any, ...]
+    tokens: tuple[str, ...]
+    indexed: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        agent_id: str | None = None,
+        key: ConversationKey | None = None,
+        owner_id: str | None = None,
+    ) -> SearchScope:
+        """The scope of :func:`search`'s filters (``key`` wins over ``agent_id``)."""
+        return cls(*scope_filter(agent_id=agent_id, key=key, owner_id=owner_id, mark="%s"))
+
+    def clause(self) -> str:
+        """The filter as one SQL condition on ``m`` (``true`` for the whole table)."""
+        return " AND ".join(self.where) or "true"
+
+    def count(self, conn: Conn, *, up_to: int | None = None) -> int:
+        """How many messages the scope holds (with ``up_to``, counted up to that many only):
+        a conversation on its index, an owner on ``messages_owner``, an agent or the table
+        row by row."""
+        if up_to is None:
+            sql = f"SELECT count(*) FROM messages AS m WHERE {self.clause()}"
+            return int(fetch_value(conn, sql, self.params))
+        sql = (
+            f"SELECT count(*) FROM (SELECT FROM messages AS m WHERE {self.clause()} LIMIT %s) AS s"
+        )
+        return int(fetch_value(conn, sql, (*self.params, up_to)))
+
+    def matching(self, *, direct: bool) -> str:
+        """The ids and contents of the scope's rows whose stems match a ``tsquery``: a query
+        taking the scope's parameters, then the ``tsquery``. ``direct`` reads every row of
+        the scope, by its index, and matches each one; else the GIN index finds them."""
+        if direct:
+            # OFFSET 0 keeps the match out of the subquery (a subquery with a LIMIT or an
+            # OFFSET takes no condition from outside), where the planner would find it a
+            # GIN index to AND with the conversation's.
+            return (
+                "SELECT m.id, m.content FROM (SELECT id, content, stems FROM messages AS m"
+                f" WHERE {self.clause()} OFFSET 0) AS m WHERE m.stems @@ %s::tsquery"
+            )
+        return (
+            "SELECT m.id, m.content FROM messages AS m"
+            f" WHERE {self.clause()} AND m.stems @@ %s::tsquery"
+        )
+
+
+def _small_conversation(conn: Conn, scope: SearchScope) -> int | None:
+    """How many messages ``scope`` holds when it is a conversation of at most
+    :data:`DIRECT_MATCH_ROWS` (counted on its index, no further than one past that), else
+    None."""
+    if not scope.indexed:
+        return None
+    rows = scope.count(conn, up_to=DIRECT_MATCH_ROWS + 1)
+    return rows if rows <= DIRECT_MATCH_ROWS else None
+
+
+def search(
+    conn: Conn,
+    text: str,
+    *,
+    agent_id: str | None = None,
+    key: ConversationKey | None = None,
+    owner_id: str | None = None,
+    limit: int = 10,
+    ranked: int = 0,
+) -> SearchHits:
+    """Messages matching any text, best first, as :func:`fermix.storage.sqlite.messages.search`
+    (with ``ranked``, the ids and ranks of the best ``ranked`` candidates too).
+
+    The candidates are the scope's rows holding any search word and the scope lexemes, in
+    id order, so :func:`fts.preselect` and :func:`fts.rank` see the rows SQLite's ``MATCH``
+    gives, in its order, and return the same hits and ranks. A conversation of at most
+    :data:`DIRECT_MATCH_ROWS` messages is read by its index and each row matched, so its
+    search costs what the conversation holds, whatever the table holds; any other scope is
+    searched through the GIN index. Over :data:`MAX_SCOPED_MATCHES` matches, where SQLite
+    takes the best by FTS5's ``bm25()``, the candidates are the best by ``ts_rank`` instead:
+    the one case whose results may differ.
+    """
+    if fts.build_query(text) is None or limit <= 0:
+        return SearchHits()
+    words = stems.query(text)
+    if words is None:
+        return SearchHits()
+    scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
+    small = _small_conversation(conn, scope)
+    select = scope.matching(direct=small is not None)
+    match = stems.scoped(words, scope.tokens)
+    candidates = max(CANDIDATES, limit, ranked)
+    found = fetch_rows(
+        conn, f"{select} ORDER BY m.id LIMIT %s", (*scope.params, match, MAX_SCOPED_MATCHES + 1)
+    )
+    if not found:
+        return SearchHits()
+    if len(found) > MAX_SCOPED_MATCHES:
+        found = fetch_rows(
+            conn,
+            f"{select} ORDER BY ts_rank(m.stems, %s::tsquery) DESC, m.id LIMIT %s",
+            (*scope.params, match, words, candidates),
+        )
+    scope_rows = scope.count(conn) if small is None else small
+    tokenize = stems.tokenizer()
+    tokens = fts.tokenize_each([row[1] for row in found], tokenize)
+    chosen = fts.preselect(text, tokens, scope_rows=scope_rows, keep=candidates, tokenize=tokenize)
+    found = [found[i] for i in chosen]
+    scores = fts.rank(
+        text,
+        [row[1] for row in found],
+        scope_rows=scope_rows,
+        tokenize=tokenize,
+        tokens=[tokens[i] for i in chosen],
+    )
+    order = sorted(range(len(found)), key=lambda i: -scores[i])
+    best = order[:limit]
+    ids = [int(found[i][0]) for i in best]
+    rows = fetch_rows(conn, f"SELECT {_COLUMNS} FROM messages WHERE id = ANY(%s)", (ids,))
+    by_id = {message.id: message for message in map(_row, rows)}
+    # A row deleted since the match is left out rather than failing the search.
+    hits = [SearchHit(by_id[found[i][0]], -scores[i]) for i in best if found[i][0] in by_id]
+    if not ranked:
+        return SearchHits(hits)
+    top = order[:ranked]
+    return SearchHits(hits, [int(found[i][0]) for i in top], [-scores[i] for i in top])

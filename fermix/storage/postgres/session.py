@@ -1,0 +1,148 @@
+"""The PostgreSQL adapter's sessions: the port's :class:`~fermix.storage.port.Reads`,
+:class:`~fermix.storage.port.Writes`, :class:`~fermix.storage.port.Inspection` and
+:class:`~fermix.storage.port.Repair`, each operation one function of a table-family module
+bound to the unit's psycopg connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fermix.storage import port
+from fermix.storage.operation import Op
+from fermix.storage.postgres import conversations as _conversations
+from fermix.storage.postgres import health as _health
+from fermix.storage.postgres import jobs as _jobs
+from fermix.storage.postgres import memories as _memories
+from fermix.storage.postgres import memory_relevance as _relevance
+from fermix.storage.postgres import messages as _messages
+from fermix.storage.postgres import resources as _resources
+from fermix.storage.postgres import vectors as _vectors
+from fermix.storage.postgres.sql import PgSql
+from fermix.storage.sessions import SharedReads, SharedWrites
+from fermix.storage.sql import Sql
+
+
+class PgReads(SharedReads):
+    """The read operations, on one pooled connection for the length of one unit."""
+
+    def shared_sql(self, conn: Any) -> Sql:
+        return PgSql(conn)
+
+    # conversations: state, window, review gates
+    conversation = Op(_conversations.get)
+    conversations = Op(_conversations.list_states)
+    window = Op(_conversations.window)
+    window_mark = Op(_conversations.window_mark)
+    window_snapshot = Op(_conversations.window_snapshot)
+    window_since = Op(_conversations.window_since)
+    newest_user_message_id = Op(_conversations.newest_user_message_id)
+    with_new_user_messages = Op(_conversations.with_new_user_messages)
+    review_backlog = Op(_conversations.review_backlog)
+    due_reviews = Op(_conversations.due_reviews)
+
+    # messages
+    message = Op(_messages.get)
+    message_by_client_key = Op(_messages.by_client_key)
+    messages = Op(_messages.conversation)
+    count_messages = Op(_messages.count)
+    search_messages = Op(_messages.search)
+
+    # memory rows (pg/memories.py, pg/memory_relevance.py)
+    row = Op(_memories.get)
+    require_row = Op(_memories.require)
+    row_by_key = Op(_memories.get_by_key)
+    rows = Op(_memories.list_rows)
+    search_rows = Op(_relevance.search)
+    relevant_rows = Op(_relevance.relevant)
+    memory_version = Op(_memories.change_counter)
+    memory_agents = Op(_memories.agents)
+    memory_owners = Op(_memories.owners)
+
+    # sources, jobs and runs (pg/jobs.py)
+    source = Op(_jobs.get_source)
+    sources = Op(_jobs.list_sources)
+    job = Op(_jobs.get_job)
+    jobs = Op(_jobs.list_jobs)
+    runs = Op(_jobs.list_runs)
+    run = Op(_jobs.get_run)
+
+    # prompt-file resources and their revisions (pg/resources.py)
+    resource = Op(_resources.get_resource)
+    resources = Op(_resources.list_resources)
+    current_revision = Op(_resources.current)
+    revision = Op(_resources.get_revision)
+    revisions = Op(_resources.history)
+
+    # health, for fermix doctor (pg/health.py)
+    schema_version = Op(_health.schema_version)
+    integrity_check_name = Op(_health.integrity_check_name)
+    pending_migrations = Op(_health.pending_migrations)
+    integrity_problems = Op(_health.integrity_problems)
+    fts_problem = Op(_health.fts_problem)
+
+    # vectors for recall (pg/vectors.py)
+    embedding_model = Op(_vectors.model)
+    messages_to_embed = Op(_vectors.messages_to_embed)
+    memories_to_embed = Op(_vectors.memories_to_embed)
+    token_counts = Op(_vectors.token_counts)
+    scope_vectors = Op(_vectors.scope_vectors)
+    nearest_messages = Op(_vectors.nearest_messages)
+    memory_vectors = Op(_vectors.memory_vectors)
+    vector_coverage = Op(_vectors.coverage)
+    database_file = Op(_vectors.database_file)
+
+
+class PgWrites(PgReads, SharedWrites):
+    """The write operations (and every read), inside one write transaction.
+
+    :meth:`touch_known` skips a touch only within one transaction: a touch locks the
+    conversation's row until the commit, so no other service can change its owner or trust
+    meanwhile. The committer calls :meth:`forget` at the start of every transaction and
+    after every rollback (there is no cheap "did another connection commit" on PostgreSQL,
+    as SQLite's data version).
+    """
+
+    # conversations
+    touch_conversation = Op(_conversations.touch)
+    update_conversation = Op(_conversations.update)
+    claim_review = Op(_conversations.claim_review)
+    claim_due_reviews = Op(_conversations.claim_due_reviews)
+    finish_review = Op(_conversations.finish_review)
+    release_review = Op(_conversations.release_review)
+    fail_review = Op(_conversations.fail_review)
+    release_expired_claims = Op(_conversations.release_expired_claims)
+
+    # messages
+    insert_message = Op(_messages.insert)
+
+    # memory rows (pg/memories.py)
+    upsert_row = Op(_memories.upsert)
+    replace_row = Op(_memories.replace_value)
+    archive_row = Op(_memories.archive)
+    restore_row = Op(_memories.restore)
+
+    # sources, jobs and runs (pg/jobs.py)
+    ensure_source = Op(_jobs.ensure_source)
+    create_job = Op(_jobs.create_job)
+    start_run = Op(_jobs.start_run)
+    finish_run = Op(_jobs.finish_run)
+
+    # prompt-file revisions (pg/resources.py), and the lock of one (agent, owner)
+    record_revision = Op(_resources.record)
+    lock_owner = Op(_resources.lock_owner)
+
+    # health (pg/health.py)
+    rebuild_fts = Op(_health.rebuild_fts)
+
+    # vectors for recall (pg/vectors.py)
+    record_embedding_model = Op(_vectors.record_model)
+    reset_vectors = Op(_vectors.reset)
+    store_message_vectors = Op(_vectors.store_message_vectors)
+    store_memory_vectors = Op(_vectors.store_memory_vectors)
+
+
+def _satisfies_the_port(reads: PgReads, writes: PgWrites) -> tuple[port.Inspection, port.Repair]:
+    """Never called: mypy checks here that the sessions offer every operation of the port's
+    Protocols, with their signatures."""
+    return reads, writes

@@ -1,0 +1,47 @@
+"""The shared statements' :class:`~fermix.storage.sql.Sql` on a psycopg connection."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, ClassVar, Final
+
+from fermix.storage.postgres.connection import Conn, execute, fetch_rows, send
+from fermix.storage.sql import Dialect, Params
+
+POSTGRES: Final = Dialect(
+    name="postgresql",
+    binary_order=' COLLATE "C"',
+    json_items="jsonb_array_elements_text(?::jsonb) AS j(value)",
+)
+
+
+@functools.lru_cache(maxsize=1024)
+def marked(sql: str) -> str:
+    """``sql`` with psycopg's marks: ``?`` becomes ``%s`` and a literal ``%`` ``%%``.
+
+    Shared statements hold no ``?`` but their marks (no JSON ``?`` operator, no ``?`` in a
+    string literal), which is what makes this replacement exact."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class PgSql:
+    """``conn`` for the shared statements, their marks made psycopg's."""
+
+    __slots__ = ("_conn",)
+    dialect: ClassVar[Dialect] = POSTGRES
+
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        return fetch_rows(self._conn, marked(sql), list(params))
+
+    def value(self, sql: str, params: Params = ()) -> Any:
+        rows = fetch_rows(self._conn, marked(sql), list(params))
+        return rows[0][0] if rows else None
+
+    def run(self, sql: str, params: Params = ()) -> int:
+        return execute(self._conn, marked(sql), list(params))
+
+    def send(self, sql: str, params: Params = ()) -> None:
+        send(self._conn, marked(sql), list(params))

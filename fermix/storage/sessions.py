@@ -1,0 +1,29 @@
+"""The sessions' operations written once for both adapters: each binds a function of a
+shared table-family module to the session's :class:`~fermix.storage.sql.Sql`.
+
+Each adapter's sessions (:mod:`fermix.storage.sqlite.session`,
+:mod:`fermix.storage.postgres.session`) derive from :class:`SharedReads` and
+:class:`SharedWrites` and bind only the operations whose SQL is their own.
+"""
+
+from __future__ import annotations
+
+from fermix.storage import api_tokens
+from fermix.storage.operation import Session, SqlOp, WriteSession
+
+
+class SharedReads(Session):
+    """The read operations both adapters run with the same SQL."""
+
+    # the memory server's bearer tokens (N2)
+    token = SqlOp(api_tokens.get)
+    token_by_secret = SqlOp(api_tokens.by_secret)
+    tokens = SqlOp(api_tokens.list_tokens)
+
+
+class SharedWrites(SharedReads, WriteSession):
+    """The write operations both adapters run with the same SQL."""
+
+    # the memory server's bearer tokens (N2)
+    insert_token = SqlOp(api_tokens.insert)
+    revoke_token = SqlOp(api_tokens.revoke)

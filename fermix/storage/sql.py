@@ -1,0 +1,62 @@
+"""The SQL both adapters share: statements written once, run through each adapter's
+:class:`Sql` with its :class:`Dialect` (B1).
+
+A shared table-family function takes a :class:`Sql` instead of a driver's connection and
+writes its statements with ``?`` marks; each adapter runs them on its own driver (SQLite's
+``?`` as they are, PostgreSQL's as ``%s``). Where the two dialects really differ, the
+statement asks the :class:`Dialect` for the fragment (an upsert's conflict target, how a
+JSON array is read, the collation that orders keys), so what differs is named, not copied.
+A statement that cannot be written once (FTS5 against search stems, an advisory lock
+against the write lock) stays in its adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Params = Sequence[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """The fragments of SQL in which SQLite and PostgreSQL differ, for shared statements."""
+
+    name: str
+    """``sqlite`` or ``postgresql``."""
+    binary_order: str
+    """What makes a text column sort by its bytes (SQLite's default; PostgreSQL's ``"C"``
+    collation), appended to a column in an ``ORDER BY``: keys then sort the same on both."""
+    json_items: str
+    """A table function of one JSON array parameter, giving its items as ``value``."""
+
+
+class Sql(Protocol):
+    """A connection as a shared statement sees it: ``?`` marks, rows as plain tuples.
+
+    A parameter the store cannot hold (a lone surrogate on SQLite, a NUL on PostgreSQL) is
+    an :class:`~fermix.errors.InvalidInputError` on both.
+    """
+
+    @property
+    def dialect(self) -> Dialect:
+        """The fragments of this adapter's SQL."""
+        ...
+
+    def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
+        """Every row ``sql`` returns."""
+        ...
+
+    def value(self, sql: str, params: Params = ()) -> Any:
+        """The first column of the first row ``sql`` returns (None when it returns none)."""
+        ...
+
+    def run(self, sql: str, params: Params = ()) -> int:
+        """Run one statement; return how many rows it changed."""
+        ...
+
+    def send(self, sql: str, params: Params = ()) -> None:
+        """Run one statement whose result nobody reads (PostgreSQL may pipeline it: its
+        error is then raised by the next statement read)."""
+        ...
