@@ -57,8 +57,7 @@ from fermix.runtime.timer import Timer
 from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage, open_storage
-from fermix.supervision.restarts import Intensity, Restart
-from fermix.supervisor import ChildSpec, Supervisor
+from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,7 @@ import pykka
 from fermix.actors.base import ask_found
 from fermix.errors import ActorUnavailableError, NotFoundError
 from fermix.model import ConversationKey
-from fermix.supervision.restarts import Restart
-from fermix.supervisor import ChildSpec, Supervisor
+from fermix.supervisor import ChildSpec, Restart, Supervisor
 
 log = logging.getLogger(__name__)
 
