@@ -18,7 +18,7 @@ import pytest
 from fermix.cli import EXIT_FAILURE, EXIT_USAGE, main
 from fermix.cli.context import CommandContext
 from fermix.cli.doctor_checks import diagnosis as doctor
-from fermix.cli.supervisor import status_rows
+from fermix.cli.server import status_rows
 from fermix.clock import now_ms
 from fermix.config import STORAGE_URL_ENV, Config, StorageConfig, load_config, validate_key
 from fermix.embedding import LiteLLMEmbedder
