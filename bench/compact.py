@@ -75,7 +75,7 @@ from fermix.runtime.compacting import Compacting
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Reads
-from fermix.tokens import count_tokens
+from fermix.token_counts import count_tokens
 
 MODEL = "openai/bench"
 CONTEXT_WINDOW = 120_000

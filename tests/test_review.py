@@ -27,7 +27,7 @@ from fermix.core.review_answer import (
 )
 from fermix.errors import ReviewOutputError
 from fermix.model import CATEGORIES, ConversationState, MemoryRow, Message
-from fermix.tokens import count_tokens
+from fermix.token_counts import count_tokens
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000

@@ -26,7 +26,7 @@ from typing import Any
 from fermix.core.review_admission import MAX_VALUE_CHARS, Speaker, words
 from fermix.core.review_answer import NOTHING_TO_SAVE
 from fermix.model import ConversationKey, ConversationState, MemoryRow, Message
-from fermix.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens, truncate_to_tokens
+from fermix.token_counts import MESSAGE_OVERHEAD_TOKENS, count_tokens, truncate_to_tokens
 
 REVIEWER = "reviewer"
 """Who archived a row the review archived (``archived_by``)."""
