@@ -48,7 +48,7 @@ from fermix.model import (
 )
 from fermix.runtime import files
 from fermix.runtime.compacting import Compacting
-from fermix.runtime.embedding import Indexer
+from fermix.runtime.indexing import Indexer
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
