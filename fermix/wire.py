@@ -33,8 +33,16 @@ from typing import Any, TypeVar
 
 from fermix import validate
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, ConversationState, MemoryRow, Message, check_trust
-from fermix.stored import JobRun, Revision, ScheduledJob
+from fermix.model import (
+    ConversationKey,
+    ConversationState,
+    JobRun,
+    MemoryRow,
+    Message,
+    Revision,
+    ScheduledJob,
+    check_trust,
+)
 
 __all__ = [
     "HandleError",

@@ -38,10 +38,10 @@ import pytest
 
 from fermix.cli.context import CommandContext
 from fermix.home import Home
+from fermix.model import ApiToken
 from fermix.remote import Client
 from fermix.runtime.access import Tokens
 from fermix.server.serving import read_server_file
-from fermix.stored import ApiToken
 
 AGENT = "assistant"
 """The agent both tokens of a started server act for."""

@@ -29,9 +29,8 @@ from fermix.errors import (
     SchemaTooNewError,
     StorageError,
 )
-from fermix.model import SOURCE_TYPES, ConversationKey, NewMessage, Scope
+from fermix.model import SOURCE_TYPES, ConversationKey, JobRun, NewMessage, ScheduledJob, Scope
 from fermix.storage import Reads, Writes, health
-from fermix.stored import JobRun, ScheduledJob
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456")

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from fermix.core.categories import renders
-from fermix.model import MEMORY_MD, USER_MD, MemoryRow
-from fermix.stored import Revision
+from fermix.model import MEMORY_MD, USER_MD, MemoryRow, Revision
 from fermix.token_counts import count_tokens
 
 MAX_VALUE_CHARS: Final = 200

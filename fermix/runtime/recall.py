@@ -1,7 +1,7 @@
 """The memory tools' work against storage (T1-T3, SC3).
 
 A caller is described by plain values: a :class:`ConversationCaller` (a conversation's key
-and owner) or a :class:`~fermix.stored.JobCaller` (a scheduled job's run), which is admitted
+and owner) or a :class:`~fermix.model.JobCaller` (a scheduled job's run), which is admitted
 only once the database vouches for its memory source and run
 (:func:`fermix.runtime.jobs.check_caller`, in the same unit as the work). What it may reach
 is :func:`fermix.core.categories.visible_scopes`; the arguments were checked by
@@ -35,14 +35,21 @@ from fermix.core import categories, fusion, tool_calls
 from fermix.core.tool_calls import Recall, Store, ToolCall, ToolError
 from fermix.embedding import from_blobs
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, MemoryRow, MemorySource, Provenance, Scope, SearchHit
+from fermix.model import (
+    ConversationKey,
+    JobCaller,
+    MemoryRow,
+    MemorySource,
+    Provenance,
+    Scope,
+    SearchHit,
+)
 from fermix.runtime import indexing
 from fermix.runtime.jobs import check_caller
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads, Storage, Writes
 from fermix.storage.fts import CANDIDATES
 from fermix.storage.vectors import MAX_SCOPE_ROWS, conversation_scope, memory_scope
-from fermix.stored import JobCaller
 
 MIN_COSINE = 0.2
 """How close to the query a row's vector must be for a row full-text search did not find

@@ -14,9 +14,8 @@ import apsw
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import RUN_STATUSES, SOURCE_TYPES, MemorySource
+from fermix.model import RUN_STATUSES, SOURCE_TYPES, JobRun, MemorySource, ScheduledJob
 from fermix.storage.connection import fetch_rows
-from fermix.stored import JobRun, ScheduledJob
 
 SOURCE_COLUMNS = "id, agent_id, owner_id, source_type, name, description, created_at"
 JOB_COLUMNS = (

@@ -10,9 +10,9 @@ import apsw
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import NotFoundError
+from fermix.model import Resource, Revision
 from fermix.model import check_resource_name as check_name
 from fermix.storage.connection import fetch_rows, fetch_value
-from fermix.stored import Resource, Revision
 
 RESOURCE_SELECT = "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
 """A ``SELECT`` of :class:`~fermix.stored.Resource`'s columns, for a ``WHERE`` to follow."""

@@ -9,7 +9,7 @@ from typing import Any
 import apsw
 
 from fermix.clock import now_ms
-from fermix.stored import ApiToken
+from fermix.model import ApiToken
 
 COLUMNS = "id, name, prefix, agents_json, operator, created_at, revoked_at"
 """The columns of a token, in :class:`~fermix.stored.ApiToken`'s order."""

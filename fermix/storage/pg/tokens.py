@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from fermix.clock import now_ms
+from fermix.model import ApiToken
 from fermix.storage.pg.connection import Conn, fetch_rows
 from fermix.storage.tokens import COLUMNS, row_of
-from fermix.stored import ApiToken
 
 
 def insert(
