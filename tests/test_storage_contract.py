@@ -5,7 +5,9 @@ temporary directory) and on PostgreSQL (:class:`fermix.storage.pg.PgDatabase` on
 database of the suite's own server, ``postgres_db``), through the same session operations.
 A test that needs both at once (search results equal between the adapters) takes both.
 
-First slice: conversations, messages and their search, bearer tokens.
+Here: conversations, messages and their search, bearer tokens; memory rows, jobs, reviews
+and vectors have files of their own (``test_storage_contract_memories.py``, ``_jobs``,
+``_reviews``, ``_vectors``).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def append(
 
 def test_the_postgres_sessions_offer_the_sqlite_signatures() -> None:
     """Every operation of the PostgreSQL sessions that SQLite's sessions have takes the same
-    parameters; every operation of this slice is there."""
+    parameters; every operation of this file's families is there."""
     from fermix.storage.pg import PgReads, PgWrites
 
     slice_ops = {

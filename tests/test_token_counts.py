@@ -27,9 +27,7 @@ from fermix.errors import InvalidInputError
 from fermix.token_counts import (
     CL100K,
     FALLBACK_BYTES_PER_TOKEN,
-    MESSAGE_OVERHEAD_TOKENS,
     O200K,
-    count_message_tokens,
     count_tokens,
     encoding_name_for,
     truncate_to_tokens,
@@ -173,37 +171,6 @@ def test_truncation_refuses_a_budget_that_is_not_a_count(budget: object) -> None
         truncate_to_tokens("text", budget)  # type: ignore[arg-type]
 
 
-def test_message_counts_are_content_plus_a_fixed_overhead_each() -> None:
-    messages = [
-        {"role": "system", "content": "You are helpful."},
-        {"role": "user", "content": "Hello there"},
-    ]
-    expected = sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD_TOKENS for m in messages)
-    assert count_message_tokens(messages) == expected
-    assert count_message_tokens([]) == 0
-
-
-def test_message_counts_include_content_parts_names_and_tool_calls() -> None:
-    tool_calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    messages: list[dict[str, object]] = [
-        {"role": "user", "name": "ann", "content": [{"type": "text", "text": "look"}, {}]},
-        {"role": "assistant", "content": None, "tool_calls": tool_calls},
-    ]
-    expected = (
-        2 * MESSAGE_OVERHEAD_TOKENS
-        + count_tokens("look")
-        + count_tokens("ann")
-        + count_tokens(json.dumps(tool_calls))
-    )
-    assert count_message_tokens(messages) == expected
-
-
-@given(contents=st.lists(any_text, max_size=5), model=models)
-def test_message_counts_of_any_text_never_raise(contents: list[str], model: str | None) -> None:
-    messages: list[dict[str, object]] = [{"role": "user", "content": c} for c in contents]
-    assert count_message_tokens(messages, model) >= MESSAGE_OVERHEAD_TOKENS * len(contents)
-
-
 def test_counts_from_many_threads_agree() -> None:
     texts = [f"message number {i} with some words" for i in range(200)]
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -276,7 +243,6 @@ def test_an_empty_cache_dir_falls_back_to_the_estimate_without_the_network(tmp_p
             "bytes": len(text.encode()),
             "exact": t.uses_tiktoken(None),
             "head": t.truncate_to_tokens("abcdefghij", 2),
-            "messages": t.count_message_tokens([{"role": "user", "content": "abcd"}]),
             "cache_dir": os.environ["TIKTOKEN_CACHE_DIR"],
             "attempts": attempts,
         }))
@@ -287,7 +253,6 @@ def test_an_empty_cache_dir_falls_back_to_the_estimate_without_the_network(tmp_p
     assert result["counts"] == [estimate, estimate, estimate]
     assert result["exact"] is False
     assert result["head"] == "abcdefgh"
-    assert result["messages"] == 1 + MESSAGE_OVERHEAD_TOKENS
     assert result["cache_dir"] == str(tmp_path)  # a chosen cache dir is respected
     assert result["attempts"] == []
     assert list(tmp_path.iterdir()) == []
