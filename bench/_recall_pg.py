@@ -43,7 +43,7 @@ from rich.table import Table
 from fermix.config import Config
 from fermix.home import Home
 from fermix.model import ConversationKey
-from fermix.runtime import embedding
+from fermix.runtime import indexing
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage
@@ -118,18 +118,18 @@ def _measure(
 ) -> PgRecall:
     pg_writer = Writer(pg, PromptFiles(Home(workdir / "pg-home"), pg))
     keys, ids = seed(pg, convs)
-    indexer = embedding.Indexer.from_config(pg, pg_writer, Config().embedding)
+    indexer = indexing.Indexer.from_config(pg, pg_writer, Config().embedding)
     assert indexer is not None, "embedding is off in the default configuration"
     indexer.record()
     embedded = indexer.catch_up()
-    embedding.register(pg, indexer)
+    indexing.register(pg, indexer)
     try:
         score = Score("fermix hybrid on PostgreSQL: search_history")
         ask(score, pg, convs, keys, ids, method)
     finally:
-        embedding.unregister(pg, indexer)
+        indexing.unregister(pg, indexer)
     # The SQLite side's own indexer, sharing the loaded model, only to weigh query vectors.
-    lite_indexer = embedding.Indexer(
+    lite_indexer = indexing.Indexer(
         lite, Writer(lite, PromptFiles(Home(workdir), lite)), indexer.embedder
     )
     lite_indexer.record()
@@ -194,7 +194,7 @@ def _candidates(db: Storage, text: str, key: ConversationKey) -> list[tuple[str,
 
 
 def _query(
-    db: Storage, indexer: embedding.Indexer, text: str, key: ConversationKey
+    db: Storage, indexer: indexing.Indexer, text: str, key: ConversationKey
 ) -> np.ndarray[Any, Any] | None:
     """The query vector the hybrid computes for ``text`` in conversation ``key``."""
     with db.read() as reads:

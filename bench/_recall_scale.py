@@ -12,7 +12,7 @@ that each is built once:
   schema version and a hash of schema.sql, the data and the parameters (a schema change
   builds it again);
 - a copy of it with every message's vector, computed by the background embedder's code
-  (:class:`fermix.runtime.embedding.Indexer`: the same pooling, token counts and int8
+  (:class:`fermix.runtime.indexing.Indexer`: the same pooling, token counts and int8
   BLOBs a host stores, in batches of :data:`EMBED_BATCH` instead of 32), under the first
   one's name plus a hash of the model's name and dimension and of fermix's embedding code.
 
@@ -119,11 +119,12 @@ def vectors_path(base: Path, model: str, dimension: int) -> Path:
     a change to any of them builds it again.
     """
     from fermix import embedding
-    from fermix.runtime import embedding as runtime_embedding
+    from fermix.runtime import indexing
+    from fermix.storage import vectors as shared_vectors
     from fermix.storage.sqlite import vectors
 
     digest = hashlib.sha256(f"{model}\x1f{dimension}".encode())
-    for module in (embedding, runtime_embedding, vectors):
+    for module in (embedding, indexing, shared_vectors, vectors):
         digest.update(inspect.getsource(module).encode())
     return base.with_name(f"{base.stem}-vectors-{digest.hexdigest()[:16]}.db")
 
@@ -215,13 +216,13 @@ def build_scale(convs: list[Conversation], messages: int, path: Path, console: C
 def build_vectors(base: Path, path: Path, messages: int, console: Console) -> float:
     """Copy ``base`` to ``path`` with every message's vector; returns messages per second.
 
-    The vectors are computed and stored by :class:`fermix.runtime.embedding.Indexer`
+    The vectors are computed and stored by :class:`fermix.runtime.indexing.Indexer`
     (``catch_up``, as ``fermix index rebuild`` runs it) with the configured default model,
     in batches of :data:`EMBED_BATCH`.
     """
     from fermix.config import Config
     from fermix.home import Home
-    from fermix.runtime import embedding
+    from fermix.runtime import indexing
     from fermix.runtime.prompt_files import PromptFiles
     from fermix.runtime.writer import Writer
     from fermix.storage.sqlite.database import Database
@@ -233,7 +234,7 @@ def build_vectors(base: Path, path: Path, messages: int, console: Console) -> fl
         db = Database(tmp)
         try:
             writer = Writer(db, PromptFiles(Home(Path(home_dir)), db))
-            indexer = embedding.Indexer.from_config(db, writer, config)
+            indexer = indexing.Indexer.from_config(db, writer, config)
             assert indexer is not None, "embedding is off in the default configuration"
             indexer.batch_size = EMBED_BATCH
             indexer.record()
@@ -335,7 +336,7 @@ def run_scale(
     from fermix.core.tool_calls import Recall
     from fermix.embedding import from_config
     from fermix.home import Home
-    from fermix.runtime import embedding
+    from fermix.runtime import indexing
     from fermix.runtime import recall as recall_tool
     from fermix.runtime.prompt_files import PromptFiles
     from fermix.runtime.writer import Writer
@@ -378,9 +379,9 @@ def run_scale(
     with tempfile.TemporaryDirectory(prefix="fermix-scale-home-") as home_dir:
         db = Database(path)
         writer = Writer(db, PromptFiles(Home(Path(home_dir)), db))
-        indexer = embedding.Indexer(db, writer, embedder)
+        indexer = indexing.Indexer(db, writer, embedder)
         indexer.record()  # the model is recorded already: nothing is dropped
-        embedding.register(db, indexer)  # searches now fuse, as in a host that embeds
+        indexing.register(db, indexer)  # searches now fuse, as in a host that embeds
         try:
 
             def ask(which: Score, text: str, c: int) -> None:
@@ -420,7 +421,7 @@ def run_scale(
                     ask(which, text, c)
             result.load = (load_before, os.getloadavg()[0])
         finally:
-            embedding.unregister(db, indexer)
+            indexing.unregister(db, indexer)
             db.close()
     return result
 

@@ -76,7 +76,7 @@ from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads
 from fermix.storage.sqlite.database import Database
-from fermix.tokens import count_tokens
+from fermix.token_counts import count_tokens
 
 MODEL = "openai/bench"
 CONTEXT_WINDOW = 120_000

@@ -7,7 +7,7 @@ Usage: ``python bench/recall.py [--data PATH] [--quick] [--scale N]``
 conversation only) is stored as a message through the storage port, one conversation key
 per sample, with its speaker as ``sender`` and its session's date as ``created_at``. The
 vectors are then computed as a host computes them, by the background embedder's code
-(:class:`fermix.runtime.embedding.Indexer`, ``catch_up``, batches of 32) with the offline
+(:class:`fermix.runtime.indexing.Indexer`, ``catch_up``, batches of 32) with the offline
 default model (wordllama, SIF-pooled by each conversation's token counts, int8). Each
 question of categories 1-4 is searched as ``memory_recall`` searches a conversation's
 history, limit 20; turn recall@k is the share of the question's evidence turns in the top
@@ -127,7 +127,7 @@ from fermix.config import Config
 from fermix.core import fusion
 from fermix.home import Home
 from fermix.model import ConversationKey, Message
-from fermix.runtime import embedding, recall
+from fermix.runtime import indexing, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads
@@ -211,7 +211,7 @@ def run_fermix(convs: list[Conversation], workdir: Path) -> Run:
     try:
         writer = Writer(db, PromptFiles(home, db))
         keys, ids = seed(db, convs)
-        indexer = embedding.Indexer.from_config(db, writer, Config().embedding)
+        indexer = indexing.Indexer.from_config(db, writer, Config().embedding)
         assert indexer is not None, "embedding is off in the default configuration"
         start = time.perf_counter()
         indexer.record()
@@ -219,7 +219,7 @@ def run_fermix(convs: list[Conversation], workdir: Path) -> Run:
         start = time.perf_counter()
         embedded = indexer.catch_up()
         embed_s = time.perf_counter() - start
-        embedding.register(db, indexer)
+        indexing.register(db, indexer)
         try:
             plain = Score("fermix words, FTS5 bm25 alone, same index")
             today = Score("fermix full-text: search_messages (before)")
@@ -247,7 +247,7 @@ def run_fermix(convs: list[Conversation], workdir: Path) -> Run:
                 ask(score, db, convs, keys, ids, method)
                 ablations.append((name, score))
         finally:
-            embedding.unregister(db, indexer)
+            indexing.unregister(db, indexer)
     finally:
         raw.close()
         db.close()

@@ -2,7 +2,7 @@
 
 Usage: ``python bench/server.py [--quick]``
 
-The server under test is a real ``fermix supervisor start --foreground --port 0`` process on a
+The server under test is a real ``fermix server start --foreground --port 0`` process on a
 fresh home, with a host token made by ``fermix token create``. Each measure sends the same
 requests: an append of a user message (``POST /v1/conversations/{handle}/messages`` with
 ``role``, ``text``, ``sender`` and a fresh ``client_key``) to one of 1,000 conversations in
@@ -158,12 +158,12 @@ class Server:
 
 
 def start_fermix(home: Path) -> tuple[Server, float]:
-    """``fermix supervisor start --foreground`` on ``home``; returns it and the seconds to its
+    """``fermix server start --foreground`` on ``home``; returns it and the seconds to its
     first answered ``GET /v1/health``, counted from ``Popen``."""
     log = (home / "bench-server.log").open("wb")
     start = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "fermix.cli", "--home", str(home), "supervisor", "start",
+        [sys.executable, "-m", "fermix.cli", "--home", str(home), "server", "start",
          "--foreground", "--announce", "--port", "0"],
         stdout=subprocess.PIPE, stderr=log, env=ENV,
     )  # fmt: skip
@@ -342,9 +342,9 @@ def setups(tmp: Path) -> Iterator[dict[str, Callable[[int, int], Run]]]:
             "client": lambda first, n: threaded(remote_append, first, n, pool),
             "embedded": lambda first, n: threaded(local_append, first, n, pool),
             "ceiling": lambda first, n: aio_load(bare.url, token, [("/v1/health", None)] * n, 200),
-            "counted": lambda first, n: json.loads(
-                fermix_cli(home, "supervisor", "status", "--json")
-            )["totals"]["appends"],
+            "counted": lambda first, n: json.loads(fermix_cli(home, "server", "status", "--json"))[
+                "totals"
+            ]["appends"],
         }
 
 

@@ -31,9 +31,8 @@ if TYPE_CHECKING:
         WriteFailedError,
     )
     from fermix.home import Home
-    from fermix.model import ConversationKey, Message
+    from fermix.model import ConversationKey, JobCaller, Message
     from fermix.remote import Client
-    from fermix.stored import JobCaller
 
 # Exported names are imported on first use, so ``fermix memory list`` and other commands
 # that need no actor or model start fast.
@@ -46,10 +45,10 @@ _HOMES = {
     "Conversation": "fermix.conversation",
     "ConversationKey": "fermix.model",
     "Message": "fermix.model",
-    "JobCaller": "fermix.stored",
-    "JobRun": "fermix.stored",
+    "JobCaller": "fermix.model",
+    "JobRun": "fermix.model",
     "MemoryRow": "fermix.model",
-    "ScheduledJob": "fermix.stored",
+    "ScheduledJob": "fermix.model",
 }
 
 

@@ -12,10 +12,9 @@ from typing import Any
 
 from fermix import validate
 from fermix.errors import NotFoundError, WriteFailedError
-from fermix.model import MemoryRow
+from fermix.model import JobCaller, JobRun, MemoryRow, Resource, Revision, ScheduledJob
 from fermix.runtime import jobs
 from fermix.runtime.engine import Runtime
-from fermix.stored import JobCaller, JobRun, Resource, Revision, ScheduledJob
 
 MAX_LISTED = 100_000
 """The most rows or revisions one listing returns."""

@@ -2,17 +2,25 @@
 
 pykka has no links, monitors or restarts; a stopped actor can only be replaced. A
 :class:`Supervisor` starts children from :class:`ChildSpec` factories in order, replaces
-those that end as their :class:`~fermix.supervision.restarts.Restart` type and its
-:class:`~fermix.supervision.restarts.Strategy` say, stops them in reverse order, and fails
-upward past its :class:`~fermix.supervision.restarts.Intensity`. Children can also be
-started and terminated at runtime, as with Elixir's ``DynamicSupervisor``.
+those that end as their :class:`Restart` type and its :class:`Strategy` say, stops them in
+reverse order, and fails upward past its :class:`Intensity`. Children can also be started
+and terminated at runtime, as with Elixir's ``DynamicSupervisor``. The restart policy
+(:func:`should_restart`, :func:`record_restart`) is plain data and pure functions.
 
-Its thread, stop and wait, and how it fails upward are
-:class:`~fermix.supervision.loop.SupervisorLoop`'s; this module keeps the children. The lock
-guards the table of children, so :meth:`Supervisor.child_ref` answers at once from any
-thread. Stop a tree by stopping its top supervisor: ``ActorRegistry.stop_all()`` stops
-children behind their supervisors' backs, which see normal exits and restart permanent
-children.
+A supervisor is a plain object with one worker thread fed by a queue: exit reports,
+arriving on each dying child's thread, and calls from other threads, each answered through
+a future. Every start, stop and restart runs on that thread, one event at a time; a lock
+guards only what other threads read or change at once (whether the loop runs, and the
+table of children), so :meth:`Supervisor.child_ref` answers at once from any thread, and a
+condition on it is notified after every event. It is not a pykka actor: how it ends is its
+own, and it is not in ``ActorRegistry``. Stop a tree by stopping its top supervisor:
+``ActorRegistry.stop_all()`` stops children behind their supervisors' backs, which see
+normal exits and restart permanent children.
+
+It ends when it is stopped, or when it gives up (past its restart intensity, or after a bug
+in it) with a :class:`~fermix.errors.SupervisorEscalationError`. Then it fails upward: to
+its parent supervisor, through the :class:`~fermix.actors.base.ExitLink` it claimed when it
+was built, or at the top of a tree to ``on_escalate`` and :meth:`Supervisor.wait`.
 
 For each start the supervisor offers a new :class:`~fermix.actors.base.ExitLink` while the
 factory runs; the SupervisedActor or nested Supervisor built claims it and reports its exit
@@ -23,35 +31,102 @@ incarnation already stopped or replaced and changes nothing: that is why a stop,
 
 from __future__ import annotations
 
+import enum
 import functools
 import logging
+import queue
+import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, NamedTuple, Self, TypeAlias, TypeVar
 
 import pykka
 
-from fermix.actors.base import ExitLink, offering
+from fermix.actors.base import ExitLink, claim_link, offering
 from fermix.errors import (
     ActorUnavailableError,
     InvalidInputError,
     NotFoundError,
     SupervisorEscalationError,
 )
-from fermix.supervision.loop import SupervisorLoop
-from fermix.supervision.restarts import (
-    Intensity,
-    Restart,
-    Strategy,
-    record_restart,
-    should_restart,
-)
 
-__all__ = ["Child", "ChildCounts", "ChildInfo", "ChildSpec", "Supervisor"]
+__all__ = [
+    "Child",
+    "ChildCounts",
+    "ChildInfo",
+    "ChildSpec",
+    "Intensity",
+    "Restart",
+    "Strategy",
+    "Supervisor",
+]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# -- the restart policy: when a child is restarted, which children, how often ------------
+
+
+class Restart(enum.Enum):
+    """Whether a child that ended is started again (OTP restart types).
+
+    PERMANENT always; TRANSIENT only after an abnormal exit (an exception); TEMPORARY
+    never, and it is forgotten once it ends.
+    """
+
+    PERMANENT = "permanent"
+    TRANSIENT = "transient"
+    TEMPORARY = "temporary"
+
+
+class Strategy(enum.Enum):
+    """Which children a restart replaces (OTP restart strategies).
+
+    ONE_FOR_ONE only the child that ended; ONE_FOR_ALL all of them; REST_FOR_ONE the child
+    that ended and those started after it. Those of them still running are stopped in
+    reverse start order, then started again in order, all but a temporary one, which is
+    forgotten; one that was not running (a transient child that ended normally) stays down.
+    """
+
+    ONE_FOR_ONE = "one_for_one"
+    ONE_FOR_ALL = "one_for_all"
+    REST_FOR_ONE = "rest_for_one"
+
+
+@dataclass(frozen=True)
+class Intensity:
+    """More than ``max_restarts`` restarts within ``period_s`` seconds (of the supervisor's
+    monotonic clock), and the supervisor stops its children and gives up."""
+
+    max_restarts: int = 3
+    period_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0 or self.period_s <= 0:
+            msg = f"restart intensity needs max_restarts >= 0 and period_s > 0, got {self}"
+            raise InvalidInputError(msg)
+
+
+def should_restart(restart: Restart, reason: BaseException | None) -> bool:
+    """Whether a ``restart`` child that ended for ``reason`` (None: normally) starts again."""
+    return restart is Restart.PERMANENT or (restart is Restart.TRANSIENT and reason is not None)
+
+
+def record_restart(history: deque[float], now: float, intensity: Intensity) -> bool:
+    """Add a restart at ``now`` to ``history``, forget those more than the period ago, and
+    say whether those left are within ``intensity``."""
+    history.append(now)
+    while now - history[0] > intensity.period_s:
+        history.popleft()
+    return len(history) <= intensity.max_restarts
+
+
+# -- children and the supervisor -------------------------------------------------------
 
 Child: TypeAlias = "pykka.ActorRef[Any] | Supervisor"
 """A running child: the ref of a SupervisedActor, or a nested Supervisor."""
@@ -91,6 +166,16 @@ class ChildCounts(NamedTuple):
     workers: int
 
 
+class _Exit(NamedTuple):
+    link: ExitLink
+    reason: BaseException | None
+
+
+class _Call(NamedTuple):
+    run: Callable[[], Any]
+    future: Future[Any]
+
+
 @dataclass(eq=False)
 class _Child:
     spec: ChildSpec
@@ -112,13 +197,12 @@ def _urn(handle: object) -> str | None:
     return handle.actor_urn if isinstance(handle, pykka.ActorRef) else None
 
 
-class Supervisor(SupervisorLoop):
+class Supervisor:
     """Starts, watches, restarts and stops children; itself a valid child of a Supervisor.
 
     ``name`` appears in logs and errors; ``urn`` identifies this instance. ``on_escalate``
     is called with the error when a top-level supervisor gives up (a nested one reports to
     its parent instead); ``monotonic`` is the clock restart intensity is counted on.
-    ``start``, ``stop``, ``wait``, ``is_alive`` and ``failure`` come from SupervisorLoop.
     """
 
     def __init__(
@@ -135,7 +219,18 @@ class Supervisor(SupervisorLoop):
         ids = [spec.id for spec in self._specs]
         if len(set(ids)) != len(ids):
             raise InvalidInputError(f"supervisor {name!r}: duplicate child ids in {ids}")
-        super().__init__(name, on_escalate)  # claims the link a parent offers, if any
+        self.name = name
+        self.urn = uuid.uuid4().urn
+        self._on_escalate = on_escalate
+        self._parent = claim_link(self.urn)  # the link a parent offers, if any
+        self._events: queue.SimpleQueue[_Exit | _Call] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # notified after every event
+        self._closed = False  # no call is queued any more; set under _lock
+        self._stopping = False  # the worker leaves its loop after the current event
+        self._done = threading.Event()
+        self._failure: SupervisorEscalationError | None = None
+        self._thread: threading.Thread | None = None
         self.strategy = strategy
         self.intensity = intensity or Intensity()
         self._monotonic = monotonic
@@ -145,6 +240,51 @@ class Supervisor(SupervisorLoop):
 
     def __repr__(self) -> str:
         return f"Supervisor({self.name!r}, {self.urn})"
+
+    def start(self) -> Self:
+        """Start the thread, then the children in order; if one cannot, stop those started
+        in reverse order and raise ActorUnavailableError. RuntimeError if started before."""
+        with self._lock:
+            if self._thread is not None or self._closed:
+                raise RuntimeError(f"supervisor {self.name!r} was already started")
+            self._thread = threading.Thread(
+                target=self._run, name=f"fermix-supervisor-{self.name}", daemon=True
+            )
+        self._thread.start()
+        self._call(self._start_children)
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop every child in reverse start order, then the supervisor; a no-op once
+        stopped. TimeoutError if it has not stopped within ``timeout`` seconds."""
+        with self._lock:
+            if self._thread is None:
+                self._closed = True
+                self._done.set()
+            elif not self._closed:
+                self._closed = True
+                self._events.put(_Call(self._shutdown, Future()))
+        if threading.current_thread() is self._thread:
+            return  # called from a factory or on_escalate: the worker cannot wait for itself
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"supervisor {self.name!r} did not stop within {timeout}s")
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the supervisor has ended; raise its SupervisorEscalationError if it
+        gave up, TimeoutError if it still runs after ``timeout`` seconds."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"supervisor {self.name!r} still runs after {timeout}s")
+        if self._failure is not None:
+            raise self._failure
+
+    def is_alive(self) -> bool:
+        """Whether the supervisor was started and has neither stopped nor given up."""
+        return self._thread is not None and not self._done.is_set()
+
+    @property
+    def failure(self) -> SupervisorEscalationError | None:
+        """Why the supervisor gave up; None while it runs or if it stopped when asked."""
+        return self._failure
 
     def start_child(self, spec: ChildSpec) -> Child:
         """Start a child at runtime, after the others, and return it. InvalidInputError if
@@ -353,3 +493,68 @@ class Supervisor(SupervisorLoop):
         self._failure.__cause__ = reason
         logger.error("%s; stopping its children", self._failure)
         self._shutdown()
+
+    # -- the worker thread and how the supervisor ends ---------------------------------
+
+    def _notify(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _call(self, run: Callable[[], T]) -> T:
+        if threading.current_thread() is self._thread:
+            msg = f"supervisor {self.name!r} cannot be called from a child's start factory"
+            raise RuntimeError(msg)
+        future: Future[T] = Future()
+        with self._lock:
+            if self._thread is None or self._closed:
+                raise ActorUnavailableError(f"supervisor {self.name!r} is not running")
+            self._events.put(_Call(run, future))
+        return future.result()
+
+    def _report(self, link: ExitLink, reason: BaseException | None) -> None:
+        self._events.put(_Exit(link, reason))
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                event = self._events.get()
+                if isinstance(event, _Exit):
+                    self._on_exit(event.link, event.reason)
+                    self._notify()
+                    continue
+                try:
+                    event.future.set_result(event.run())
+                except Exception as exc:  # noqa: BLE001 - handed to the caller waiting on it
+                    event.future.set_exception(exc)
+                self._notify()
+        except Exception as exc:
+            # A bug in the supervisor itself: stop the children and fail upward as if it gave up.
+            logger.exception("supervisor %r crashed", self.name)
+            self._failure = SupervisorEscalationError(f"supervisor {self.name!r} crashed")
+            self._failure.__cause__ = exc
+            self._stop_children()
+        finally:
+            self._finish()
+
+    def _shutdown(self) -> None:
+        self._stop_children()
+        self._stopping = True
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._closed = True
+        while not self._events.empty():  # nothing is queued any more but exit reports
+            if isinstance(event := self._events.get(), _Call):
+                msg = f"supervisor {self.name!r} stopped"
+                event.future.set_exception(ActorUnavailableError(msg))
+        if self._parent is None and self._failure is not None and self._on_escalate is not None:
+            # Before _done: whoever sees the tree ended (wait(), await_child()) must also
+            # see what on_escalate recorded (Memory.failure), never a window without it.
+            try:
+                self._on_escalate(self._failure)
+            except Exception:
+                logger.exception("on_escalate of supervisor %r failed", self.name)
+        self._done.set()
+        self._notify()
+        if self._parent is not None:
+            self._parent.report(self._failure)

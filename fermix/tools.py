@@ -3,7 +3,7 @@
 ``memory_store`` keeps a small fact for the current conversation (conversation scope, never
 rendered into the prompt files); ``memory_recall`` looks a key up or searches memories and/or
 history within the scopes the caller is entitled to; ``memory_sources_list`` lists the
-sources the caller may see. A scheduled job's run is a :class:`~fermix.stored.JobCaller`
+sources the caller may see. A scheduled job's run is a :class:`~fermix.model.JobCaller`
 (``Memory.job_caller(run_id)``): it sees and writes only its own job-scoped memories, and no
 history (SC1, T2); one whose memory source or run the database does not vouch for is
 refused, naming the source, and nothing is written (M9).
@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, overload
 from fermix.core import tool_calls
 from fermix.core.tool_calls import SCHEMAS, ToolError
 from fermix.errors import ActorUnavailableError, FermixError
-from fermix.model import ConversationKey
+from fermix.model import ConversationKey, JobCaller
 from fermix.runtime import recall
-from fermix.stored import JobCaller
 
 if TYPE_CHECKING:
     from fermix.runtime.writer import Writer
@@ -97,7 +96,7 @@ class MemoryTools:
 
         ``tool_call`` is an OpenAI-format dict (``{"function": {"name", "arguments"}}``) or
         the equivalent litellm object; ``caller`` is a conversation or a
-        :class:`~fermix.stored.JobCaller`. Never raises: a refusal is ``{"error": ...}``.
+        :class:`~fermix.model.JobCaller`. Never raises: a refusal is ``{"error": ...}``.
         """
         try:
             call = tool_calls.parse(tool_call)

@@ -33,8 +33,16 @@ from typing import Any, TypeVar
 
 from fermix import validate
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, ConversationState, MemoryRow, Message, check_trust
-from fermix.stored import JobRun, Revision, ScheduledJob
+from fermix.model import (
+    ConversationKey,
+    ConversationState,
+    JobRun,
+    MemoryRow,
+    Message,
+    Revision,
+    ScheduledJob,
+    check_trust,
+)
 
 __all__ = [
     "HandleError",
@@ -170,17 +178,17 @@ def row_from_json(data: Any) -> MemoryRow:
 
 
 def revision_from_json(data: Any) -> Revision:
-    """A :class:`~fermix.stored.Revision` from its JSON."""
+    """A :class:`~fermix.model.Revision` from its JSON."""
     return from_json(Revision, data)
 
 
 def job_from_json(data: Any) -> ScheduledJob:
-    """A :class:`~fermix.stored.ScheduledJob` from its JSON."""
+    """A :class:`~fermix.model.ScheduledJob` from its JSON."""
     return from_json(ScheduledJob, data)
 
 
 def run_from_json(data: Any) -> JobRun:
-    """A :class:`~fermix.stored.JobRun` from its JSON."""
+    """A :class:`~fermix.model.JobRun` from its JSON."""
     return from_json(JobRun, data)
 
 

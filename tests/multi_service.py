@@ -1,6 +1,6 @@
 """Several fermix services on one PostgreSQL database, each a separate process (B2, B3).
 
-A :class:`Fleet` is N ``fermix supervisor start --foreground --port 0`` processes, each on
+A :class:`Fleet` is N ``fermix server start --foreground --port 0`` processes, each on
 a home of its own (its own ``config.toml``, ``server.json`` and prompt-file cache), all
 pointed at one database through ``FERMIX_STORAGE_URL`` in their environment, as services
 on several machines would be. They start together on an empty database, so they also
@@ -110,7 +110,7 @@ class Service(ServerProcess):
                     sys.executable,
                     "-c",
                     _SKEWED.format(skew=self.skew_ms),
-                    *("--home", str(self.home), "supervisor", "start", "--foreground"),
+                    *("--home", str(self.home), "server", "start", "--foreground"),
                     *("--port", "0"),
                 ],
                 stdin=subprocess.DEVNULL,

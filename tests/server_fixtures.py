@@ -1,7 +1,7 @@
 """The memory server as a real process, for the tests of its HTTP API and client (N1, N2).
 
 ``start_server(config="", *, socket=False)`` writes ``config`` (TOML text) to the test
-home's ``config.toml``, makes two tokens, then starts ``python -m fermix.cli supervisor
+home's ``config.toml``, makes two tokens, then starts ``python -m fermix.cli server
 start --foreground --port 0`` (or on a Unix socket) and waits, with a deadline, until its
 ``server.json`` names where it listens and ``/v1/health`` answers there. ``server`` is one
 started with no config. Each started server is stopped with SIGTERM after the test (it
@@ -38,10 +38,10 @@ import pytest
 
 from fermix.cli.context import CommandContext
 from fermix.home import Home
+from fermix.model import ApiToken
 from fermix.remote import Client
 from fermix.runtime.access import Tokens
 from fermix.server.serving import read_server_file
-from fermix.stored import ApiToken
 
 AGENT = "assistant"
 """The agent both tokens of a started server act for."""
@@ -87,7 +87,7 @@ class ServerProcess:
                     "fermix.cli",
                     "--home",
                     str(self.home),
-                    "supervisor",
+                    "server",
                     "start",
                     "--foreground",
                     *where,

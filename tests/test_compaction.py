@@ -41,7 +41,7 @@ from fermix.runtime.compacting import Compacting
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage.sqlite.database import Database
-from fermix.tokens import count_tokens, uses_tiktoken
+from fermix.token_counts import count_tokens, uses_tiktoken
 
 if TYPE_CHECKING:
     from fermix import Conversation, Memory

@@ -61,7 +61,7 @@ FORK_AFTER_USE = """
 import os, json, select, signal, sys, threading, time
 from fermix import Memory
 from fermix import embedding
-from fermix.runtime import embedding as indexers
+from fermix.runtime import indexing
 
 FILLER = ["I bought a new bike yesterday", "The weather is nice today", "My cat is called Tom",
           "Mel got married in June", "Work was busy this week", "The train was late again"]
@@ -86,7 +86,7 @@ for i in range(200):  # the parent's embedder is busy when it forks
     conv.append_user(f"more text number {i} about trains and bikes")
 # As if a thread of the parent held them at the fork (loading the model, registering).
 embedding._LOAD_LOCK.acquire()
-indexers._ACTIVE_LOCK.acquire()
+indexing._ACTIVE_LOCK.acquire()
 pid = os.fork()
 if pid == 0:
     try:
@@ -103,7 +103,7 @@ if pid == 0:
         traceback.print_exc()
         os._exit(1)
 embedding._LOAD_LOCK.release()
-indexers._ACTIVE_LOCK.release()
+indexing._ACTIVE_LOCK.release()
 pidfd = os.pidfd_open(pid)
 if not select.select([pidfd], [], [], 60)[0]:
     os.kill(pid, signal.SIGKILL)

@@ -36,7 +36,7 @@ from factories import Clock, StartMemory, config_for, fact, reading, stored_mess
 from faults import FaultVFS
 from model_server import ModelServer, Step
 
-from fermix import model, stored
+from fermix import model
 from fermix.api import Conversation, Memory
 from fermix.core.review import CLAIM_TTL_MS, Skip
 from fermix.errors import (
@@ -208,7 +208,7 @@ def user_md(home: Path, owner_id: str = "ana") -> str:
     return path.read_text("utf-8") if path.exists() else ""
 
 
-def current_user_md(db: Database, owner_id: str = "ana") -> stored.Revision | None:
+def current_user_md(db: Database, owner_id: str = "ana") -> model.Revision | None:
     with db.read() as reads:
         return reads.current_revision("agent", "user_md", owner_id=owner_id)
 

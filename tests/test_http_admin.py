@@ -26,10 +26,10 @@ from fermix.api import Memory
 from fermix.config import Config, RealtimeConfig
 from fermix.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from fermix.home import Home
+from fermix.model import JobCaller
 from fermix.remote import Client
 from fermix.runtime import files
 from fermix.server.http.app import create_app
-from fermix.stored import JobCaller
 
 pytestmark = pytest.mark.keep_actors
 

@@ -23,7 +23,7 @@ from fermix.core import fusion
 from fermix.embedding import TokenCounts, Vectors, WordLlamaEmbedder
 from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
-from fermix.runtime import embedding, recall
+from fermix.runtime import indexing, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage.port import StoredVector
@@ -103,7 +103,7 @@ def test_q2_vectors_appear_behind_appends_without_blocking_them(
     db, writer = store
     embedder = Blocking()
     embedder.release.set()  # let it record the model, then hold the batches
-    indexer = embedding.Indexer(db, writer, embedder, batch_size=4, poll_s=0.05)
+    indexer = indexing.Indexer(db, writer, embedder, batch_size=4, poll_s=0.05)
     indexer.record()
     embedder.release.clear()
     indexer.start()
@@ -123,19 +123,19 @@ def test_q2_vectors_appear_behind_appends_without_blocking_them(
 
 def test_q2_a_row_without_a_vector_is_found_lexically(store: tuple[Database, Writer]) -> None:
     db, writer = store
-    indexer = embedding.Indexer(db, writer, WordLlamaEmbedder())
+    indexer = indexing.Indexer(db, writer, WordLlamaEmbedder())
     _append(writer, FILLER)
     indexer.record()
     indexer.catch_up()
     _append(writer, ["The zeppelin landed in Friedrichshafen"])  # no vector: nothing embeds
-    embedding.register(db, indexer)
+    indexing.register(db, indexer)
     try:
         with db.read() as reads:
             assert reads.vector_coverage().message_vectors == len(FILLER)
             hits = recall.search_history(reads, "zeppelin", key=KEY, limit=3)
         assert hits[0].message.content == "The zeppelin landed in Friedrichshafen"
     finally:
-        embedding.unregister(db, indexer)
+        indexing.unregister(db, indexer)
 
 
 def test_q2_a_model_change_embeds_everything_again_and_the_doctor_says_so(
@@ -145,14 +145,14 @@ def test_q2_a_model_change_embeds_everything_again_and_the_doctor_says_so(
     _append(writer, FILLER)
     old = Blocking(name="test/other-model", dim=16)
     old.release.set()
-    first = embedding.Indexer(db, writer, old)
+    first = indexing.Indexer(db, writer, old)
     first.record()
     assert first.catch_up() == len(FILLER)
     with db.read() as reads:
         assert reads.embedding_model() == ("test/other-model", 16)
         mismatch = check_vectors(reads, Config())
     assert mismatch.status == "warn" and "test/other-model" in mismatch.summary
-    new = embedding.Indexer(db, writer, WordLlamaEmbedder())
+    new = indexing.Indexer(db, writer, WordLlamaEmbedder())
     new.record()  # a host started with the configured model: the old vectors go
     assert _coverage(db) == (0, len(FILLER))
     assert new.catch_up() == len(FILLER)
@@ -190,10 +190,10 @@ def test_q4_hybrid_search_stays_in_the_scope_searched(store: tuple[Database, Wri
     other = ConversationKey("agent", "tg", "2")
     _append(writer, FILLER)
     _append(writer, ["My sister Mel had her wedding in June"], key=other, owner="you")
-    indexer = embedding.Indexer(db, writer, WordLlamaEmbedder())
+    indexer = indexing.Indexer(db, writer, WordLlamaEmbedder())
     indexer.record()
     indexer.catch_up()
-    embedding.register(db, indexer)
+    indexing.register(db, indexer)
     try:
         with db.read() as reads:
             mine = recall.search_history(reads, "sister's wedding", key=KEY, limit=20)
@@ -204,7 +204,7 @@ def test_q4_hybrid_search_stays_in_the_scope_searched(store: tuple[Database, Wri
                 reads, "sister's wedding", agent_id="agent", owner_id="you", limit=20
             )
     finally:
-        embedding.unregister(db, indexer)
+        indexing.unregister(db, indexer)
     assert mine and all(h.message.key == KEY for h in mine)
     assert owner and all(h.message.owner_id == "me" for h in owner)
     assert [h.message.content for h in theirs] == ["My sister Mel had her wedding in June"]

@@ -22,8 +22,7 @@ from fermix.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from fermix.model import MemoryRow
-from fermix.stored import JobCaller, ScheduledJob
+from fermix.model import JobCaller, MemoryRow, ScheduledJob
 
 
 def _call(name: str, **arguments: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from fermix.api import Memory
 from fermix.config import STORAGE_URL_ENV
 from fermix.conversation import Conversation
 from fermix.model import Message
-from fermix.runtime import embedding
+from fermix.runtime import indexing
 
 SYSTEM = "You are a tutor."
 WINDOW = 2_000
@@ -131,7 +131,7 @@ def test_b1_b2_a_memory_on_postgresql_runs_a_host_and_reads_it_all_back_when_reo
     indexer.wake()
     assert indexer.wait_idle(60.0)
     with memory._runtime.db.read() as reads:
-        assert embedding.active(reads) is indexer  # searches of this store find it
+        assert indexing.active(reads) is indexer  # searches of this store find it
         covered = reads.vector_coverage()
     assert covered.message_vectors == covered.messages == 2 + 2 * 40 + 1  # and the checkpoint
     assert covered.memory_vectors == covered.memories == 2 and covered.model is not None

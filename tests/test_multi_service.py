@@ -1,6 +1,6 @@
 """Three fermix services as separate processes on one PostgreSQL: one memory (B2, N3, N8).
 
-Each service is ``fermix supervisor start`` on a home of its own, pointed at the test's
+Each service is ``fermix server start`` on a home of its own, pointed at the test's
 database (``postgres_db``) by ``FERMIX_STORAGE_URL``, its wall clock off by a second and a
 half from the others' as on other machines (tests/multi_service.py); the load is aiohttp
 clients in this process, as bots would be. What one process on SQLite gave for free must

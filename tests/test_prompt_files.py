@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from factories import fact
 
-from fermix import model, stored
+from fermix import model
 from fermix.core import categories
 from fermix.errors import FermixError, InvalidInputError, NotFoundError, UnsafePathSegmentError
 from fermix.home import Home
@@ -60,7 +60,7 @@ def revisions(db: Database, name: str, owner_id: str = "") -> list[str]:
         return [r.reason for r in reads.revisions("bot", name, owner_id=owner_id)]
 
 
-def current(db: Database, name: str, owner_id: str = "") -> stored.Revision | None:
+def current(db: Database, name: str, owner_id: str = "") -> model.Revision | None:
     with db.read() as reads:
         return reads.current_revision("bot", name, owner_id=owner_id)
 

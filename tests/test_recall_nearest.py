@@ -18,7 +18,7 @@ from storage_fixtures import Backend
 from fermix.embedding import WordLlamaEmbedder
 from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
-from fermix.runtime import embedding, recall
+from fermix.runtime import indexing, recall
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 
@@ -50,14 +50,14 @@ def indexed(backend: Backend, tmp_path: Path) -> Iterator[Backend]:
     for i, text in enumerate(TEXTS * 3):
         key, owner = (KEY, "ana") if i % 3 else (OTHER, "bo")
         writer.append(NewMessage(key, "user", f"{text} ({i})", owner_id=owner), trust="guest")
-    indexer = embedding.Indexer(db, writer, WordLlamaEmbedder())
+    indexer = indexing.Indexer(db, writer, WordLlamaEmbedder())
     indexer.record()
     indexer.catch_up()
-    embedding.register(db, indexer)
+    indexing.register(db, indexer)
     try:
         yield backend
     finally:
-        embedding.unregister(db, indexer)
+        indexing.unregister(db, indexer)
 
 
 def _ids(hits: list[recall.SearchHit]) -> list[int]:

@@ -24,7 +24,7 @@ from fermix.core.render import (
     render_value,
 )
 from fermix.model import CATEGORIES, MemoryRow
-from fermix.tokens import count_tokens
+from fermix.token_counts import count_tokens
 
 
 def row(**overrides: Any) -> MemoryRow:

@@ -190,7 +190,7 @@ def test_restore_keeps_an_existing_database_unless_forced_and_then_aside(
     assert stat.S_IMODE(fermix_home.db_path.stat().st_mode) == 0o600
 
 
-def test_restore_is_refused_while_the_supervisor_runs(
+def test_restore_is_refused_while_the_server_runs(
     fermix_home: Home, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """N9: a restore under a running server would be overwritten by it: refused first."""
@@ -200,7 +200,7 @@ def test_restore_is_refused_while_the_supervisor_runs(
     code = main(["--home", str(fermix_home.root), "restore", "--from-replica", "--force"])
 
     assert code == 1
-    assert "supervisor runs" in capsys.readouterr().err
+    assert "server runs" in capsys.readouterr().err
     assert not fermix_home.db_path.exists()
 
 

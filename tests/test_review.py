@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from fermix import model
 from fermix.core import categories
-from fermix.core.review import SYSTEM_PROMPT, Skip, build_prompt, gate, pack_messages
+from fermix.core.review import SYSTEM_PROMPT, Skip, build_prompt, gate
 from fermix.core.review_admission import MAX_REASON_CHARS, MAX_VALUE_CHARS, Admission, admit
 from fermix.core.review_answer import (
     MAX_OPERATIONS,
@@ -27,7 +27,6 @@ from fermix.core.review_answer import (
 )
 from fermix.errors import ReviewOutputError
 from fermix.model import CATEGORIES, ConversationState, MemoryRow, Message
-from fermix.tokens import count_tokens
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000
@@ -174,71 +173,6 @@ def test_e2_interval_zero_disables_background_review_but_force_still_works() -> 
 
 def test_e2_a_backoff_of_zero_never_holds_a_review_back() -> None:
     assert gated(state(failed_at=NOW), backoff_ms=0) is None
-
-
-# -- pack_messages (E3) --------------------------------------------------------------------
-
-
-def cost(text: str) -> int:
-    return count_tokens(text, None) + 4
-
-
-def ids(packed: Sequence[Message]) -> list[int]:
-    return [m.id for m in packed]
-
-
-def test_e3_pack_keeps_the_newest_max_messages_oldest_first() -> None:
-    msgs = [message(i, f"message number {i}") for i in range(1, 11)]
-    packed = pack_messages(msgs[::-1], max_messages=4, token_budget=10_000, model=None)
-    assert ids(packed) == [7, 8, 9, 10]
-
-
-def test_e3_pack_lets_the_oldest_give_way_when_the_token_budget_runs_out() -> None:
-    msgs = [message(i, f"I like topic {i} a great deal") for i in range(1, 6)]
-    budget = sum(cost(m.content) for m in msgs[2:])
-    packed = pack_messages(msgs, max_messages=40, token_budget=budget, model=None)
-    assert ids(packed) == [3, 4, 5]
-    assert sum(cost(m.content) for m in packed) <= budget
-
-
-def test_e3_pack_stops_at_the_first_message_that_does_not_fit_leaving_no_gap() -> None:
-    small, medium = "I live in Porto", "I work as a nurse in the night shift " * 3
-    msgs = [message(1, small), message(2, medium), message(3, small)]
-    budget = cost(small) + cost(medium) - 1  # the medium one fits alone, not after the newest
-    assert cost(medium) <= budget and 2 * cost(small) <= budget
-    packed = pack_messages(msgs, max_messages=40, token_budget=budget, model=None)
-    assert ids(packed) == [3]
-
-
-def test_e3_a_single_message_larger_than_the_whole_budget_is_skipped_not_cut() -> None:
-    msgs = [message(1, "short one"), message(2, "word " * 500)]
-    packed = pack_messages(msgs, max_messages=40, token_budget=50, model=None)
-    assert ids(packed) == [1]
-    assert packed[0].content == "short one"
-
-
-def test_e3_pack_of_nothing_is_nothing() -> None:
-    assert pack_messages([], max_messages=40, token_budget=4000, model=None) == []
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    lengths=st.lists(st.integers(min_value=0, max_value=60), max_size=30),
-    max_messages=st.integers(min_value=1, max_value=40),
-    budget=st.integers(min_value=1, max_value=400),
-)
-def test_e3_pack_is_always_a_newest_suffix_within_both_limits(
-    lengths: list[int], max_messages: int, budget: int
-) -> None:
-    msgs = [message(i + 1, "word " * n) for i, n in enumerate(lengths)]
-    packed = pack_messages(msgs, max_messages=max_messages, token_budget=budget, model=None)
-    assert len(packed) <= max_messages
-    assert sum(cost(m.content) for m in packed) <= budget
-    assert ids(packed) == sorted(ids(packed))
-    # the newest messages that fit, with only over-budget messages skipped among them
-    if packed:
-        newer = [m for m in msgs if m.id > packed[0].id and m.id not in ids(packed)]
-        assert all(cost(m.content) > budget for m in newer)
 
 
 # -- the prompt (E4, E9, C2) ---------------------------------------------------------------

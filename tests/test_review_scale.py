@@ -37,7 +37,7 @@ from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
 from fermix.storage.sqlite.database import Database
-from fermix.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens
+from fermix.token_counts import MESSAGE_OVERHEAD_TOKENS, count_tokens
 
 MODEL = "openai/reviewer"
 HOUR_MS = 3_600_000

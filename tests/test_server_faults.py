@@ -1,6 +1,6 @@
 """The memory server under load and under SIGKILL: nothing acknowledged is lost (N3, N8).
 
-Real processes on loopback: the server is ``fermix supervisor start --foreground`` on a
+Real processes on loopback: the server is ``fermix server start --foreground`` on a
 fixed port; the load is 32 keep-alive clients (aiohttp sessions, one connection each) in
 this process, appending to 1,000 conversations. Each conversation is fed by one client,
 in order, so "in per-conversation order" has a meaning: a client's appends to one
@@ -67,7 +67,7 @@ def _make_token(home: Path) -> str:
 
 
 class ServerProcess:
-    """A ``fermix supervisor start --foreground`` process on a fixed loopback port."""
+    """A ``fermix server start --foreground`` process on a fixed loopback port."""
 
     def __init__(self, home: Path, port: int) -> None:
         self.home = home
@@ -85,7 +85,7 @@ class ServerProcess:
                     "fermix.cli",
                     "--home",
                     str(self.home),
-                    "supervisor",
+                    "server",
                     "start",
                     "--foreground",
                     "--port",

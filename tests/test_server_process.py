@@ -44,7 +44,7 @@ def test_n2_a_public_address_is_refused_without_tls_in_front() -> None:
 def test_n2_the_command_refuses_a_public_address_and_says_why(
     home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(["--home", str(home), "supervisor", "start", "--foreground", "--host", "0.0.0.0"])
+    code = main(["--home", str(home), "server", "start", "--foreground", "--host", "0.0.0.0"])
     assert code != 0
     err = capsys.readouterr().err
     assert "not a loopback address" in err and "TLS" in err
@@ -60,7 +60,7 @@ def _start(home: Path, *args: str) -> subprocess.Popen[bytes]:
             "fermix.cli",
             "--home",
             str(home),
-            "supervisor",
+            "server",
             "start",
             "--foreground",
             *args,

@@ -1,4 +1,4 @@
-"""``fermix supervisor start | stop | status`` as real processes (A8)."""
+"""``fermix server start | stop | status`` as real processes (A8)."""
 
 from __future__ import annotations
 
@@ -28,19 +28,19 @@ def _fermix(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def service_home(home: Path) -> Iterator[Path]:
     yield home
-    _fermix(home, "supervisor", "stop")
+    _fermix(home, "server", "stop")
 
 
 def test_a8_start_status_and_stop_run_the_tree_as_a_background_service(service_home: Path) -> None:
     home = service_home
-    assert _fermix(home, "supervisor", "status").returncode == 1
-    started = _fermix(home, "supervisor", "start")
+    assert _fermix(home, "server", "status").returncode == 1
+    started = _fermix(home, "server", "start")
     assert started.returncode == 0, started.stderr
     paths = ServicePaths.of(Home(home))
     pid = running_pid(paths)
     assert pid is not None and paths.socket.exists()
 
-    status = _fermix(home, "supervisor", "status", "--json")
+    status = _fermix(home, "server", "status", "--json")
     assert status.returncode == 0, status.stderr
     data = json.loads(status.stdout)
     assert data["running"] is True and data["pid"] == pid
@@ -49,10 +49,10 @@ def test_a8_start_status_and_stop_run_the_tree_as_a_background_service(service_h
         *("reviewer", "reviewer-2", "compactor", "compactor-2", "conversations")
     ]
 
-    again = _fermix(home, "supervisor", "start")
+    again = _fermix(home, "server", "start")
     assert again.returncode == 1 and "already runs" in again.stderr
 
-    stopped = _fermix(home, "supervisor", "stop")
+    stopped = _fermix(home, "server", "stop")
     assert stopped.returncode == 0 and f"pid {pid}" in stopped.stdout
     assert running_pid(paths) is None
     assert not paths.pid.exists() and not paths.socket.exists()
@@ -68,11 +68,21 @@ def test_a8_a_stale_pid_file_is_replaced(service_home: Path) -> None:
         check=True,
     )
     (home / "supervisor.pid").write_text(dead.stdout)
-    started = _fermix(home, "supervisor", "start")
+    started = _fermix(home, "server", "start")
     assert started.returncode == 0, started.stderr
     assert running_pid(ServicePaths.of(Home(home))) not in (None, int(dead.stdout))
 
 
 def test_a8_stop_when_nothing_runs_says_so(home: Path) -> None:
-    result = _fermix(home, "supervisor", "stop")
+    result = _fermix(home, "server", "stop")
     assert result.returncode == 0 and "not running" in result.stdout
+
+
+def test_a8_fermix_supervisor_still_works_as_a_deprecated_alias_with_one_line_on_stderr(
+    home: Path,
+) -> None:
+    result = _fermix(home, "supervisor", "status")
+    assert result.returncode == 1 and "server is not running" in result.stdout
+    assert result.stderr == "fermix: `fermix supervisor` is deprecated; use `fermix server`\n"
+    listed = _fermix(home, "--help").stdout
+    assert "server" in listed and "supervisor" not in listed

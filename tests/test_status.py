@@ -1,6 +1,6 @@
-"""``fermix supervisor status`` tells what the server is doing (N7).
+"""``fermix server status`` tells what the server is doing (N7).
 
-Against a real server process (``fermix supervisor start --port 0``) on loopback: since
+Against a real server process (``fermix server start --port 0``) on loopback: since
 when and where it serves, the live conversations, requests and appends per second, the
 reviews and compactions in flight, and the last errors, as a table and with ``--json``.
 Rates are over the last complete seconds: the tests check the totals exactly and wait for a
@@ -100,14 +100,14 @@ def served(home: Path) -> Iterator[tuple[Path, Api]]:
     """A running server on ``home`` and an API client with a token for agent ``tutor``."""
     made = _fermix(home, "token", "create", "--agent", "tutor", "--json")
     assert made.returncode == 0, made.stderr
-    started = _fermix(home, "supervisor", "start", "--port", "0")
+    started = _fermix(home, "server", "start", "--port", "0")
     assert started.returncode == 0, started.stderr
     try:
         found = read_server_file(Home(home))
         assert found is not None
         yield home, Api(str(found["url"]), json.loads(made.stdout)["secret"])
     finally:
-        _fermix(home, "supervisor", "stop")
+        _fermix(home, "server", "stop")
 
 
 def _status(home: Path) -> dict[str, Any]:
@@ -139,7 +139,7 @@ def test_n7_status_says_since_when_where_what_it_holds_and_how_fast(
             status == 200 and len(body["messages"]) == (appended + 2 - handles.index(handle)) // 3
         )
 
-    shown = _fermix(home, "supervisor", "status", "--json")
+    shown = _fermix(home, "server", "status", "--json")
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert data["running"] is True and data["url"] == api.url
@@ -153,7 +153,7 @@ def test_n7_status_says_since_when_where_what_it_holds_and_how_fast(
     assert isinstance(data["compactions_queued"], int)
     assert data["last_errors"] == [] and data["failure"] is None
 
-    table = _fermix(home, "supervisor", "status")
+    table = _fermix(home, "server", "status")
     assert table.returncode == 0, table.stderr
     for words in ("running since", api.url, "live conversations", "appends per second"):
         assert words in table.stdout, words
@@ -173,7 +173,7 @@ def test_n7_a_review_waiting_on_its_model_shows_in_flight(home: Path) -> None:
         )
         made = _fermix(home, "token", "create", "--agent", "tutor", "--operator", "--json")
         assert made.returncode == 0, made.stderr
-        assert _fermix(home, "supervisor", "start", "--port", "0").returncode == 0
+        assert _fermix(home, "server", "start", "--port", "0").returncode == 0
         try:
             found = read_server_file(Home(home))
             assert found is not None
@@ -197,7 +197,7 @@ def test_n7_a_review_waiting_on_its_model_shows_in_flight(home: Path) -> None:
             assert answered and answered[0][0] == 200
             _wait_until(lambda: _status(home)["reviews_running"] == 0, "review finished")
         finally:
-            _fermix(home, "supervisor", "stop")
+            _fermix(home, "server", "stop")
 
 
 @pytest.mark.slow
@@ -216,11 +216,11 @@ def test_n7_a_5xx_answer_is_in_the_last_errors(served: tuple[Path, Api]) -> None
     assert status == 503 and body["error"]["type"] == "unavailable"
     assert api.append(handle, "after the lock")[0] == 201
 
-    (error,) = json.loads(_fermix(home, "supervisor", "status", "--json").stdout)["last_errors"]
+    (error,) = json.loads(_fermix(home, "server", "status", "--json").stdout)["last_errors"]
     assert error["where"] == "POST /v1/conversations/{handle}/messages"
     assert error["message"].startswith("503 WriteFailedError")
     assert "Traceback" not in error["message"] and handle not in error["where"]
-    shown = _fermix(home, "supervisor", "status").stdout
+    shown = _fermix(home, "server", "status").stdout
     assert "last errors" in shown and "WriteFailedError" in shown
 
 

@@ -18,13 +18,13 @@ import pytest
 from fermix.cli import EXIT_FAILURE, EXIT_USAGE, main
 from fermix.cli.context import CommandContext
 from fermix.cli.doctor_checks import diagnosis as doctor
-from fermix.cli.supervisor import status_rows
+from fermix.cli.server import status_rows
 from fermix.clock import now_ms
 from fermix.config import STORAGE_URL_ENV, Config, StorageConfig, load_config, validate_key
 from fermix.embedding import LiteLLMEmbedder
 from fermix.errors import ConfigError, ServiceError, StorageError
 from fermix.home import Home
-from fermix.runtime import embedding as indexers
+from fermix.runtime import indexing
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.server import service, serving
@@ -211,18 +211,18 @@ def test_b1_the_embedder_registry_finds_a_sqlite_store_through_a_symbolic_link(
     (tmp_path / "link").symlink_to(tmp_path / "real")
     home = Home(tmp_path / "link" / "home")
     db = open_storage(home, Config(), readers=1)
-    indexer = indexers.Indexer(
+    indexer = indexing.Indexer(
         db, Writer(db, PromptFiles(home, db)), LiteLLMEmbedder("openai/e", api_base="http://x")
     )
     try:
-        indexers.register(db, indexer)
+        indexing.register(db, indexer)
         with db.read() as reads:
-            assert indexers.active(reads) is indexer
-        indexers.unregister(db, indexer)
+            assert indexing.active(reads) is indexer
+        indexing.unregister(db, indexer)
         with db.read() as reads:
-            assert indexers.active(reads) is None
+            assert indexing.active(reads) is None
     finally:
-        indexers.unregister(db, indexer)
+        indexing.unregister(db, indexer)
         db.close()
 
 

@@ -28,10 +28,9 @@ from fermix.errors import (
     SchemaTooNewError,
     StorageError,
 )
-from fermix.model import SOURCE_TYPES, ConversationKey, NewMessage, Scope
+from fermix.model import SOURCE_TYPES, ConversationKey, JobRun, NewMessage, ScheduledJob, Scope
 from fermix.storage.integrity import FTS_TABLES
 from fermix.storage.sqlite import health
-from fermix.stored import JobRun, ScheduledJob
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456")

@@ -24,9 +24,8 @@ from hypothesis import strategies as st
 from storage_fixtures import Backend, Store
 
 from fermix.errors import InvalidInputError, NotFoundError, WriteFailedError
-from fermix.model import MemoryRow, Provenance, Scope
+from fermix.model import MemoryRow, Provenance, Revision, Scope
 from fermix.storage import Reads
-from fermix.stored import Revision
 
 ALICE = Scope("owner", "alice")
 BOB = Scope("owner", "bob")

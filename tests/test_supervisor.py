@@ -1,5 +1,4 @@
-"""A6: Erlang/OTP-style supervision of pykka actors (fermix.supervisor, fermix.supervision,
-fermix.actors.base).
+"""A6: Erlang/OTP-style supervision of pykka actors (fermix.supervisor, fermix.actors.base).
 
 Nothing here sleeps to wait for a thread: tests wait on a condition over what the actors
 did (the journal) or what the supervisor logged, each bounded by five seconds, and use
@@ -28,14 +27,17 @@ from fermix.errors import (
     NotFoundError,
     SupervisorEscalationError,
 )
-from fermix.supervision.restarts import (
+from fermix.supervisor import (
+    ChildCounts,
+    ChildInfo,
+    ChildSpec,
     Intensity,
     Restart,
     Strategy,
+    Supervisor,
     record_restart,
     should_restart,
 )
-from fermix.supervisor import ChildCounts, ChildInfo, ChildSpec, Supervisor
 
 WAIT_S = 5.0
 

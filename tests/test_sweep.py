@@ -99,7 +99,7 @@ def test_m7_close_stops_the_timer_thread_without_waiting_for_its_interval(
 def test_m7_the_service_runtime_sweeps_by_the_same_timer(
     model_server: ModelServer, home: Path
 ) -> None:
-    """The service runs a Runtime on the home's config (``fermix supervisor start``): the
+    """The service runs a Runtime on the home's config (``fermix server start``): the
     same timer sweeps there; its status loop need not tick."""
     runtime = Runtime(Home(home), _config(model_server, sweep_interval_s=0.05))
     runtime.start()

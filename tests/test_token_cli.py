@@ -99,14 +99,14 @@ def test_n2_create_refuses_a_token_without_an_agent_or_with_a_bad_one(home: Path
 @pytest.fixture
 def server(home: Path) -> Iterator[str]:
     """A running server on ``home`` (the background service, any free port); its url."""
-    started = _fermix(home, "supervisor", "start", "--port", "0")
+    started = _fermix(home, "server", "start", "--port", "0")
     assert started.returncode == 0, started.stderr
     try:
         found = read_server_file(Home(home))
         assert found is not None
         yield str(found["url"])
     finally:
-        _fermix(home, "supervisor", "stop")
+        _fermix(home, "server", "stop")
 
 
 def _open(url: str, secret: str) -> tuple[int, dict[str, Any], dict[str, str]]:

@@ -13,16 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from fermix import model, stored
+from fermix import model
 from fermix.core import categories, tool_calls
 from fermix.errors import InvalidInputError
 from fermix.home import Home
-from fermix.model import ConversationKey, MemoryRow, NewMessage
+from fermix.model import ConversationKey, JobCaller, MemoryRow, NewMessage
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
 from fermix.storage.sqlite.database import Database
-from fermix.stored import JobCaller
 from fermix.tools import SCHEMAS, MemoryTools
 
 
@@ -56,7 +55,7 @@ class Setup:
         with self.db.read() as reads:
             return reads.row(memory_id)
 
-    def job(self, agent: str, name: str = "digest") -> stored.ScheduledJob:
+    def job(self, agent: str, name: str = "digest") -> model.ScheduledJob:
         return self.db.write(
             lambda w: w.create_job(agent_id=agent, name=name, schedule="@daily", prompt="p")
         )

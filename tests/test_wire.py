@@ -15,8 +15,16 @@ from fermix import wire
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult, Skip
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, ConversationState, Message
-from fermix.stored import JobCaller, JobRun, Resource, Revision, ScheduledJob
+from fermix.model import (
+    ConversationKey,
+    ConversationState,
+    JobCaller,
+    JobRun,
+    Message,
+    Resource,
+    Revision,
+    ScheduledJob,
+)
 
 # Any text an identifier may be: no control characters, no lone surrogates, <= 200 chars.
 _ID_CHARS = st.characters(blacklist_categories=("Cc", "Cs"))

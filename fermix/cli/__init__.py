@@ -58,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         memory,
         resource,
         restore,
+        server,
         setup,
-        supervisor,
         token,
     )
 
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     job.register(sub)
     mcp_cmd.register(sub)
     resource.register(sub)
-    supervisor.register(sub)
+    server.register(sub)
     config_cmd.register(sub)
     doctor.register(sub)
     setup.register(sub)
@@ -106,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # ``fermix`` alone: what there is to run, not an error
         parser.print_help()
         return EXIT_OK
+    if notice := getattr(args, "deprecated", None):
+        print(f"fermix: {notice}", file=sys.stderr)
     try:
         ctx = CommandContext(Home.resolve(args.home))
         try:

@@ -90,7 +90,7 @@ def cmd_rebuild(ctx: CommandContext, args: argparse.Namespace) -> int:
 
     from fermix.cli.output import console, print_json
     from fermix.config import load_config
-    from fermix.runtime.embedding import Indexer
+    from fermix.runtime.indexing import Indexer
 
     config = load_config(ctx.home.config_path).embedding
     indexer = Indexer.from_config(ctx.db(), ctx.writer(), config)

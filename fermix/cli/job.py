@@ -8,7 +8,7 @@ import dataclasses
 from fermix.cli.context import CommandContext
 from fermix.cli.output import FittedTable, clip, console, print_json, table, when
 from fermix.errors import InvalidInputError
-from fermix.stored import JobRun, ScheduledJob
+from fermix.model import JobRun, ScheduledJob
 
 MAX_ID = 2**63 - 1
 MAX_RUNS = 10_000

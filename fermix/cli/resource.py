@@ -11,7 +11,7 @@ from fermix.cli.context import CommandContext
 from fermix.cli.output import console, print_json, table, when
 from fermix.core.render import file_spec
 from fermix.errors import InvalidInputError
-from fermix.stored import Revision
+from fermix.model import Revision
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

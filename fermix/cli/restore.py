@@ -1,7 +1,7 @@
 """``fermix restore --from-replica``: rebuild memory.db from its Litestream replica (N9).
 
 The replica is the one ``[fermix_core.replica] url`` names (see :mod:`fermix.server.replica`
-and docs/replica.md). Restoring into a live home is refused while the supervisor runs, and
+and docs/replica.md). Restoring into a live home is refused while the server runs, and
 over an existing database unless ``--force``, which moves the old files aside
 (``memory.db.before-restore-<time>``, with its ``-wal`` and ``-shm``) and never deletes
 them. The replica is first restored into a private folder beside the target, opened with
@@ -96,8 +96,8 @@ def restore(
         pid = service.running_pid(service.ServicePaths.of(home))
         if pid is not None:
             raise ServiceError(
-                f"the supervisor runs (pid {pid}) on this home: stop it first"
-                " (fermix supervisor stop), then restore"
+                f"the server runs (pid {pid}) on this home: stop it first"
+                " (fermix server stop), then restore"
             )
     present = [p for p in _family(target) if p.exists()]
     if present and not force:

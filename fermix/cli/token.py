@@ -14,8 +14,8 @@ import sys
 
 from fermix.cli.context import CommandContext
 from fermix.cli.output import FittedTable, console, print_json, when
+from fermix.model import ApiToken
 from fermix.runtime.access import Tokens
-from fermix.stored import ApiToken
 
 NOT_SHOWN_AGAIN = "This secret will not be shown again: store it now (only its hash is kept)."
 

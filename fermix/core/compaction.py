@@ -21,7 +21,7 @@ from itertools import accumulate
 from typing import Any
 
 from fermix.model import ConversationKey, ConversationState, Message
-from fermix.tokens import (
+from fermix.token_counts import (
     MESSAGE_OVERHEAD_TOKENS,
     count_tokens,
     encoding_name_for,

@@ -5,7 +5,7 @@ cap of rows, the most recently updated first (ties: higher id first). A value is
 cut to :data:`MAX_VALUE_CHARS` characters (an ending ``…`` says it was cut).
 
 **Which rows give way to the token budget.** When a file counts more tokens than its budget
-(tiktoken, :func:`fermix.tokens.count_tokens`), the oldest row of the section holding the
+(tiktoken, :func:`fermix.token_counts.count_tokens`), the oldest row of the section holding the
 most rows is dropped, and the file is counted again, until it fits. Ties between equally
 full sections drop from the section listed last in the file (Goals before Interests before
 Preferences before Identity; Working Rules before Context). A section always keeps its most
@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from fermix.core.categories import renders
-from fermix.model import MEMORY_MD, USER_MD, MemoryRow
-from fermix.stored import Revision
-from fermix.tokens import count_tokens
+from fermix.model import MEMORY_MD, USER_MD, MemoryRow, Revision
+from fermix.token_counts import count_tokens
 
 MAX_VALUE_CHARS: Final = 200
 CUT_MARK: Final = "…"

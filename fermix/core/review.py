@@ -26,7 +26,7 @@ from typing import Any
 from fermix.core.review_admission import MAX_VALUE_CHARS, Speaker, words
 from fermix.core.review_answer import NOTHING_TO_SAVE
 from fermix.model import ConversationKey, ConversationState, MemoryRow, Message
-from fermix.tokens import MESSAGE_OVERHEAD_TOKENS, count_tokens, truncate_to_tokens
+from fermix.token_counts import MESSAGE_OVERHEAD_TOKENS, count_tokens, truncate_to_tokens
 
 REVIEWER = "reviewer"
 """Who archived a row the review archived (``archived_by``)."""
@@ -152,31 +152,6 @@ def gate(
     if newest_user_message_id <= last_message:
         return Skip.NO_NEW_MESSAGES
     return None
-
-
-def pack_messages(
-    messages: Sequence[Message], *, max_messages: int, token_budget: int, model: str | None
-) -> list[Message]:
-    """The newest user messages that fit ``max_messages`` and ``token_budget``, oldest first.
-
-    The packing reviews used before M5, no longer called by the reviewer: packed newest
-    first, the oldest give way, so with the cursor moved past them a backlog larger than
-    one review lost them. Reviews use :func:`pack_backlog`.
-    """
-    kept: list[Message] = []
-    used = 0
-    for message in sorted(messages, key=lambda m: m.id, reverse=True):
-        if len(kept) >= max_messages:
-            break
-        cost = count_tokens(message.content, model) + MESSAGE_OVERHEAD_TOKENS
-        if cost > token_budget:
-            continue
-        if used + cost > token_budget:
-            break
-        kept.append(message)
-        used += cost
-    kept.reverse()
-    return kept
 
 
 CUT_MARK = " [...]"

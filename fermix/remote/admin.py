@@ -19,8 +19,7 @@ from urllib.parse import quote
 
 from fermix import wire
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import MemoryRow, Message
-from fermix.stored import JobCaller, JobRun, Resource, Revision, ScheduledJob
+from fermix.model import JobCaller, JobRun, MemoryRow, Message, Resource, Revision, ScheduledJob
 
 __all__ = ["AdminCalls"]
 

@@ -26,11 +26,10 @@ from fermix import wire
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
 from fermix.errors import FermixError, InvalidInputError
-from fermix.model import ConversationKey
+from fermix.model import ConversationKey, JobCaller
 from fermix.remote.admin import AdminCalls
 from fermix.remote.conversation import RemoteConversation
 from fermix.remote.transport import Transport
-from fermix.stored import JobCaller
 
 
 class Client(AdminCalls):

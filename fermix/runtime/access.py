@@ -15,9 +15,9 @@ import secrets
 
 from fermix import validate
 from fermix.errors import InvalidInputError, NotFoundError
+from fermix.model import ApiToken
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage
-from fermix.stored import ApiToken
 
 SECRET_PREFIX = "fmx_"
 _SHOWN = 12

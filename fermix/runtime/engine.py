@@ -48,7 +48,7 @@ from fermix.model import (
 )
 from fermix.runtime import files
 from fermix.runtime.compacting import Compacting
-from fermix.runtime.embedding import Indexer
+from fermix.runtime.indexing import Indexer
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
@@ -57,8 +57,7 @@ from fermix.runtime.timer import Timer
 from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage, open_storage
-from fermix.supervision.restarts import Intensity, Restart
-from fermix.supervisor import ChildSpec, Supervisor
+from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
 """Scheduled jobs and their runs: the use cases behind ``Memory``'s jobs section (M9, SC1, T2).
 
 A host creates a job (its memory source is created with it), starts a run when the job is
-due, hands the run's :class:`~fermix.stored.JobCaller` to the memory tools while its model
+due, hands the run's :class:`~fermix.model.JobCaller` to the memory tools while its model
 works, and finishes the run with its output or its error. Every write goes through the
 process's :class:`~fermix.runtime.writer.Writer`; the schedule is the host's to keep.
 
-:func:`check_caller` is how a :class:`~fermix.stored.JobCaller` is admitted: against the
+:func:`check_caller` is how a :class:`~fermix.model.JobCaller` is admitted: against the
 database, not its type. Its memory source must exist, be a job's, and belong to the
 caller's agent and owner; its run, when it names one, must be a running run of that job.
 """
@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from fermix import validate
 from fermix.errors import AccessDeniedError, InvalidInputError, NotFoundError
-from fermix.model import MemorySource
+from fermix.model import JobCaller, JobRun, MemorySource, ScheduledJob
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads, Storage
-from fermix.stored import JobCaller, JobRun, ScheduledJob
 
 MAX_ID = 2**63 - 1
 MAX_RUNS_LISTED = 10_000

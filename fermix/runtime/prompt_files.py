@@ -38,14 +38,13 @@ from fermix.core import categories, render
 from fermix.core.render import FILES, FileSpec, RenderedFiles
 from fermix.errors import WriteFailedError
 from fermix.home import Home
-from fermix.model import MemoryRow, check_resource_name
+from fermix.model import MemoryRow, Revision, check_resource_name
 from fermix.runtime import files
 from fermix.runtime.deferred import DeferredRebuilds, Pair, has_files, read_mark
 from fermix.runtime.rendering import load_rows as load_rows  # still offered here
 from fermix.runtime.rendering import render_pair as render_pair
 from fermix.runtime.stored_files import StoredRevisions
 from fermix.storage import Reads, Storage, Writes
-from fermix.stored import Revision
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The memory tools' work against storage (T1-T3, SC3).
 
 A caller is described by plain values: a :class:`ConversationCaller` (a conversation's key
-and owner) or a :class:`~fermix.stored.JobCaller` (a scheduled job's run), which is admitted
+and owner) or a :class:`~fermix.model.JobCaller` (a scheduled job's run), which is admitted
 only once the database vouches for its memory source and run
 (:func:`fermix.runtime.jobs.check_caller`, in the same unit as the work). What it may reach
 is :func:`fermix.core.categories.visible_scopes`; the arguments were checked by
@@ -16,7 +16,7 @@ is :func:`fermix.core.categories.visible_scopes`; the arguments were checked by
 - ``memory_sources_list`` lists the sources the caller may see (T3).
 
 Searches fuse full-text and vector search (Q3) when this process embeds
-(:mod:`fermix.runtime.embedding`) and the scope searched has vectors: history through
+(:mod:`fermix.runtime.indexing`) and the scope searched has vectors: history through
 :func:`fermix.core.fusion.fuse_history` over the scope's messages, memory rows through
 :func:`fermix.core.fusion.fuse_rows` over each scope group's rows. A row found by neither
 full-text search nor a vector at least :data:`MIN_COSINE` close is not returned. Without
@@ -35,13 +35,20 @@ from fermix.core import categories, fusion, tool_calls
 from fermix.core.tool_calls import Recall, Store, ToolCall, ToolError
 from fermix.embedding import from_blobs
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, MemoryRow, MemorySource, Provenance, Scope, SearchHit
-from fermix.runtime import embedding
+from fermix.model import (
+    ConversationKey,
+    JobCaller,
+    MemoryRow,
+    MemorySource,
+    Provenance,
+    Scope,
+    SearchHit,
+)
+from fermix.runtime import indexing
 from fermix.runtime.jobs import check_caller
 from fermix.runtime.writer import Writer
 from fermix.storage import Reads, Storage, Writes
 from fermix.storage.port import CANDIDATES, MAX_SCOPE_ROWS, conversation_scope, memory_scope
-from fermix.stored import JobCaller
 
 MIN_COSINE = 0.2
 """How close to the query a row's vector must be for a row full-text search did not find
@@ -187,7 +194,7 @@ def search_history(
     approximate index (PostgreSQL with pgvector), its nearest rows and the full-text
     candidates are fused instead; elsewhere it is searched by full text only."""
     scope: dict[str, Any] = {"key": key, "agent_id": agent_id, "owner_id": owner_id}
-    indexer = embedding.active(reads)
+    indexer = indexing.active(reads)
     if indexer is None or limit <= 0:
         return reads.search_messages(text, **scope, limit=limit)
     # The best `limit` full-text hits whole, the ids and ranks of all the candidates.
@@ -237,7 +244,7 @@ def search_rows(reads: Reads, text: str, filters: dict[str, Any], *, limit: int)
     search fused (Q3) over the group's newest :data:`ROWS_CONSIDERED` rows when they have
     vectors, else full-text only."""
     lexical = reads.search_rows(text, **filters, limit=limit)
-    indexer = embedding.active(reads)
+    indexer = indexing.active(reads)
     if indexer is None or limit <= 0:
         return lexical
     candidates = reads.rows(**filters, limit=ROWS_CONSIDERED)
@@ -246,7 +253,7 @@ def search_rows(reads: Reads, text: str, filters: dict[str, Any], *, limit: int)
 
 def fuse_memory_rows(
     reads: Reads,
-    indexer: embedding.Indexer,
+    indexer: indexing.Indexer,
     text: str,
     candidates: list[MemoryRow],
     lexical: list[MemoryRow],

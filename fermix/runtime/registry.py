@@ -15,7 +15,6 @@ actor never reads the window while the old one still has an append in flight.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -27,10 +26,7 @@ import pykka
 from fermix.actors.base import ask_found
 from fermix.errors import ActorUnavailableError, NotFoundError
 from fermix.model import ConversationKey
-from fermix.supervision.restarts import Restart
-from fermix.supervisor import ChildSpec, Supervisor
-
-log = logging.getLogger(__name__)
+from fermix.supervisor import ChildSpec, Restart, Supervisor
 
 SpecFactory = Callable[[ConversationKey], ChildSpec]
 
@@ -60,8 +56,6 @@ class ConversationRegistry:
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._live: OrderedDict[ConversationKey, float] = OrderedDict()  # LRU order
-        self._stop = threading.Event()
-        self._sweeper: threading.Thread | None = None
         self.passivated = 0
         """How many actors were stopped for idleness or the cap (for status and tests)."""
 
@@ -70,17 +64,10 @@ class ConversationRegistry:
         # Looked up on every use: the supervisor itself is restarted by its parent.
         return self._current_supervisor()
 
-    def start_sweeper(self) -> None:
-        """Start the thread that passivates idle actors every ``idle_s / 2`` seconds."""
-        self._sweeper = threading.Thread(target=self._sweep_loop, name="fermix-passivation")
-        self._sweeper.daemon = True
-        self._sweeper.start()
-
     def stop(self) -> None:
-        """Stop the sweeper (the supervisor stops the actors)."""
-        self._stop.set()
-        if self._sweeper is not None:
-            self._sweeper.join(timeout=5)
+        """Nothing to stop: the registry has no thread (the runtime's timer calls
+        :meth:`passivate_idle`) and the supervisor stops the actors. The runtime's close
+        still calls it; the two go together."""
 
     def ask(self, key: ConversationKey, message: Any, *, timeout: float | None = 30.0) -> Any:
         """Send ``message`` to the actor of ``key`` and return its reply."""
@@ -182,13 +169,6 @@ class ConversationRegistry:
         except NotFoundError:
             return
         self.passivated += 1
-
-    def _sweep_loop(self) -> None:
-        interval = max(self.idle_s / 2, 0.05)
-        while not self._stop.wait(interval):
-            stopped = self.passivate_idle()
-            if stopped:
-                log.debug("passivated %d idle conversation actors", stopped)
 
 
 def conversation_spec(key: ConversationKey, start: Callable[[], pykka.ActorRef[Any]]) -> ChildSpec:

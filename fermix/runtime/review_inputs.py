@@ -15,7 +15,7 @@ from fermix import model
 from fermix.core import review
 from fermix.core.review_admission import Speaker
 from fermix.model import ConversationState, MemoryRow
-from fermix.runtime import embedding
+from fermix.runtime import indexing
 from fermix.runtime.recall import ROWS_CONSIDERED, fuse_memory_rows
 from fermix.storage import Reads
 
@@ -78,7 +78,7 @@ def shown_rows(
         places=places,
         limit=RELEVANT_ROWS,
     )
-    indexer = embedding.active(reads)
+    indexer = indexing.active(reads)
     if indexer is not None:
         candidates = [
             row

@@ -1,1 +1,1 @@
-"""The service's front door: the background process behind ``fermix supervisor``."""
+"""The service's front door: the background process behind ``fermix server``."""

@@ -40,9 +40,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from fermix import validate
 from fermix.api import Memory
 from fermix.errors import InvalidInputError
+from fermix.model import ApiToken
 from fermix.server.http.errors import error_response
 from fermix.server.mcp import IDENTITY_SCOPE_KEY, Identity, build_server
-from fermix.stored import ApiToken
 
 AGENT_HEADER = "x-fermix-agent"
 OWNER_HEADER = "x-fermix-owner"

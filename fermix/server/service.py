@@ -1,4 +1,4 @@
-"""The background service behind ``fermix supervisor start | stop | status`` (A8, N1).
+"""The memory server as a background service: ``fermix server start | stop | status`` (A8, N1).
 
 The service is the memory server (:mod:`fermix.server.serving`): a process holding the
 runtime of a home open (the database, the write path, the supervised actor tree, the
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 PID_FILE = "supervisor.pid"
 SOCKET_FILE = "supervisor.sock"
 LOG_FILE = "supervisor.log"
-READY_LINE = "fermix-supervisor-ready"
+READY_LINE = "fermix-server-ready"
 WATCH_S = 5.0
 """How often the service checks whether its actor tree gave up."""
 
@@ -97,7 +97,7 @@ def claim_pid_file(paths: ServicePaths) -> None:
         except FileExistsError:
             pid = read_pid(paths)
             if pid is not None and pid != os.getpid() and pid_alive(pid):
-                raise ServiceError(f"the supervisor already runs (pid {pid})") from None
+                raise ServiceError(f"the server already runs (pid {pid})") from None
             log.warning("replacing stale pid file %s (pid %s)", paths.pid, pid)
             paths.pid.unlink(missing_ok=True)
             continue
@@ -117,7 +117,7 @@ def query_status(paths: ServicePaths, timeout: float = 5.0) -> dict[str, Any]:
             while chunk := sock.recv(65536):
                 chunks.append(chunk)
         except OSError as exc:
-            raise ServiceError(f"the supervisor does not answer on {paths.socket}: {exc}") from exc
+            raise ServiceError(f"the server does not answer on {paths.socket}: {exc}") from exc
     data: dict[str, Any] = json.loads(b"".join(chunks).decode("utf-8"))
     return data
 
@@ -157,7 +157,7 @@ def start_background(home: Home, *, timeout: float = 30.0, extra: list[str] | No
     paths = ServicePaths.of(home)
     pid = running_pid(paths)
     if pid is not None:
-        raise ServiceError(f"the supervisor already runs (pid {pid})")
+        raise ServiceError(f"the server already runs (pid {pid})")
     make_private_dir(home.root)
     create_private_file(paths.log)
     with open(paths.log, "ab") as log_file:
@@ -168,7 +168,7 @@ def start_background(home: Home, *, timeout: float = 30.0, extra: list[str] | No
                 "fermix.cli",
                 "--home",
                 str(home.root),
-                "supervisor",
+                "server",
                 "start",
                 "--foreground",
                 "--announce",
@@ -186,7 +186,7 @@ def start_background(home: Home, *, timeout: float = 30.0, extra: list[str] | No
     if line != READY_LINE:
         code = proc.poll()
         detail = f"it exited with code {code}" if code is not None else "it did not get ready"
-        raise ServiceError(f"the supervisor did not start: {detail}; see {paths.log}")
+        raise ServiceError(f"the server did not start: {detail}; see {paths.log}")
     return proc.pid
 
 
@@ -202,7 +202,7 @@ def stop(home: Home, *, timeout: float = 30.0) -> int | None:
     except ProcessLookupError:
         return pid
     if not wait_for_exit(pid, timeout):
-        raise ServiceError(f"the supervisor (pid {pid}) did not stop within {timeout} s")
+        raise ServiceError(f"the server (pid {pid}) did not stop within {timeout} s")
     return pid
 
 

@@ -3,12 +3,12 @@
 MCP (streamable HTTP, stateless, JSON answers) is mounted at ``/mcp/`` beside ``/v1``,
 with the same bearer tokens.
 
-:func:`serve` runs in the process ``fermix supervisor start`` made (or in the foreground):
+:func:`serve` runs in the process ``fermix server start`` made (or in the foreground):
 it opens the home's ``Memory`` (the database, the write path, the supervised actor tree,
 the review sweep), serves the HTTP API with uvicorn on 127.0.0.1 (or a Unix socket),
 starts Litestream when a replica is configured (N9; refused when the memory is in
 PostgreSQL, B1), and writes ``server.json`` (url, pid, start time; owner-only) for clients
-and ``fermix supervisor status``, whose document names the store. SIGTERM or SIGINT
+and ``fermix server status``, whose document names the store. SIGTERM or SIGINT
 stops it gracefully: uvicorn stops taking requests and finishes those under way, then the
 memory closes (queued writes finish first) and the files are removed.
 """

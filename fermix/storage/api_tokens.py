@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from fermix.clock import now_ms
+from fermix.model import ApiToken
 from fermix.storage.sql import Sql
-from fermix.stored import ApiToken
 
 COLUMNS = "id, name, prefix, agents_json, operator, created_at, revoked_at"
-"""The columns of a token, in :class:`~fermix.stored.ApiToken`'s order."""
+"""The columns of a token, in :class:`~fermix.model.ApiToken`'s order."""
 
 
 def row_of(values: Sequence[Any]) -> ApiToken:

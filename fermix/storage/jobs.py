@@ -8,8 +8,7 @@ from typing import Any
 
 from fermix import validate
 from fermix.errors import InvalidInputError
-from fermix.model import RUN_STATUSES, SOURCE_TYPES
-from fermix.stored import ScheduledJob
+from fermix.model import RUN_STATUSES, SOURCE_TYPES, ScheduledJob
 
 SOURCE_COLUMNS = "id, agent_id, owner_id, source_type, name, description, created_at"
 

@@ -27,17 +27,21 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
 
 from fermix.model import (
+    ApiToken,
     ConversationKey,
     ConversationState,
+    JobRun,
     MemoryRow,
     MemorySource,
     Message,
     NewMessage,
     Provenance,
+    Resource,
+    Revision,
+    ScheduledJob,
     Scope,
     SearchHit,
 )
-from fermix.stored import ApiToken, JobRun, Resource, Revision, ScheduledJob
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 
 RESOURCE_SELECT = "SELECT id, agent_id, owner_id, name, current_revision, updated_at FROM resources"
-"""A ``SELECT`` of :class:`~fermix.stored.Resource`'s columns, for a ``WHERE`` to follow."""
+"""A ``SELECT`` of :class:`~fermix.model.Resource`'s columns, for a ``WHERE`` to follow."""
 
 
 REVISION_SELECT = (
@@ -14,7 +14,7 @@ REVISION_SELECT = (
     " r.content_sha1, r.reason, r.created_at"
     " FROM resource_revisions AS r JOIN resources AS s ON s.id = r.resource_id"
 )
-"""A ``SELECT`` of :class:`~fermix.stored.Revision`'s columns (revisions ``r`` of resources
+"""A ``SELECT`` of :class:`~fermix.model.Revision`'s columns (revisions ``r`` of resources
 ``s``), for a ``WHERE`` to follow."""
 
 

@@ -43,7 +43,7 @@ from fermix.errors import ModelError
 from fermix.model import MemoryRow
 from fermix.runtime.reviewing import Reviewing
 from fermix.storage import Writes
-from fermix.tokens import count_tokens
+from fermix.token_counts import count_tokens
 
 AGENT = "soak"
 CHATS = [f"c{i}" for i in range(8)]

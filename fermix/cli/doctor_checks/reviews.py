@@ -83,8 +83,8 @@ def check_review_gates(reads: Reads, config: Config, *, now: int) -> Check:
     failed = [row for row in details if row["last_failed_at"] is not None]
     if failed:
         hint = (
-            f"the last review of {failed[0]['conversation']} failed; see the supervisor log,"
-            " or run `fermix memory review --now` to see the error"
+            f"the last review of {failed[0]['conversation']} failed; see the server's log"
+            " (supervisor.log in the home), or run `fermix memory review --now` to see the error"
         )
         return Check("review gates", "warn", summary, hint, details=details)
     if config.memory.review_interval_hours == 0:

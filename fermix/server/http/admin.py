@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fermix import model, wire
 from fermix.api import Memory
 from fermix.errors import InvalidInputError
-from fermix.model import Scope
+from fermix.model import ApiToken, JobCaller, JobRun, ScheduledJob, Scope
 from fermix.server.http.admin_models import (
     FinishIn,
     JobCallerOut,
@@ -44,7 +44,6 @@ from fermix.server.http.admin_models import (
 )
 from fermix.server.http.auth import Caller, MemoryDep, require_agent, require_operator, trust_for
 from fermix.server.http.errors import ApiError
-from fermix.stored import ApiToken, JobCaller, JobRun, ScheduledJob
 
 router = APIRouter()
 

@@ -16,9 +16,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from fermix.api import Memory
-from fermix.model import check_trust
+from fermix.model import ApiToken, check_trust
 from fermix.server.http.errors import ApiError
-from fermix.stored import ApiToken
 
 
 async def memory_of(request: Request) -> Memory:

@@ -137,7 +137,7 @@ def install(app: FastAPI) -> None:
 
 
 def record(request: Request, status: int, message: str) -> None:
-    """Remember a 5xx answer for ``fermix supervisor status`` (N7): the route's template
+    """Remember a 5xx answer for ``fermix server status`` (N7): the route's template
     (``POST /v1/conversations/{handle}/messages``, not the handle itself) and the status
     with the error's type and message, never a traceback."""
     metrics = getattr(request.app.state, "metrics", None)

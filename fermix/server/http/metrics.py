@@ -1,4 +1,4 @@
-"""What ``fermix supervisor status`` tells about the server: rates and last errors (N7)."""
+"""What ``fermix server status`` tells about the server: rates and last errors (N7)."""
 
 from __future__ import annotations
 

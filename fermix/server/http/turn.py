@@ -28,7 +28,7 @@ from fermix import wire
 from fermix.api import Memory
 from fermix.conversation import Conversation
 from fermix.errors import NotFoundError
-from fermix.model import AppendResult, ConversationKey
+from fermix.model import ApiToken, AppendResult, ConversationKey
 from fermix.server.http import blocking
 from fermix.server.http.auth import Caller, MemoryDep, caller, require_agent, trust_for
 from fermix.server.http.metrics import Metrics
@@ -55,7 +55,6 @@ from fermix.server.http.turn_models import (
     ToolRunRequest,
     ToolsOut,
 )
-from fermix.stored import ApiToken
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 """Set to ``true`` on the 200 answering an append whose ``client_key`` was already stored."""

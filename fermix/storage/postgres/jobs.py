@@ -24,7 +24,7 @@ from typing import Any
 
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import MemorySource
+from fermix.model import JobRun, MemorySource, ScheduledJob
 from fermix.storage.jobs import (
     JOB_COLUMNS,
     RUN_COLUMNS,
@@ -35,7 +35,6 @@ from fermix.storage.jobs import (
     job_of,
 )
 from fermix.storage.postgres.connection import Conn, fetch_rows
-from fermix.stored import JobRun, ScheduledJob
 
 _SOURCE_BY_NAME = (
     f"SELECT {SOURCE_COLUMNS} FROM memory_sources"

@@ -20,10 +20,10 @@ from typing import Any
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import NotFoundError
+from fermix.model import Resource, Revision
 from fermix.model import check_resource_name as check_name
 from fermix.storage.postgres.connection import Conn, execute, fetch_rows
 from fermix.storage.resources import RESOURCE_SELECT, REVISION_SELECT, sha1
-from fermix.stored import Resource, Revision
 
 _ORDER = 'agent_id COLLATE "C", owner_id COLLATE "C", name COLLATE "C"'
 

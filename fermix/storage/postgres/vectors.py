@@ -11,7 +11,7 @@ gives the same results with or without pgvector. What SQLite's single writer hid
   cursor passed its id. :func:`messages_to_embed` and :func:`memories_to_embed` keep the
   anti-join and look again at the :data:`LOOKBACK` ids below the cursor, so such a row is
   found by the next batch; the embedder's rescan from the first row
-  (:attr:`fermix.runtime.embedding.Indexer.rescan_s`) covers a transaction held open longer.
+  (:attr:`fermix.runtime.indexing.Indexer.rescan_s`) covers a transaction held open longer.
   A row below the cursor whose vector was dropped (its text changed) is found there too,
   where SQLite waits for that rescan.
 - **The model and its vectors change together.** Inside a write unit :func:`model` reads the

@@ -12,7 +12,7 @@ import apsw
 
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import MemorySource
+from fermix.model import JobRun, MemorySource, ScheduledJob
 from fermix.storage.jobs import (
     JOB_COLUMNS,
     RUN_COLUMNS,
@@ -23,7 +23,6 @@ from fermix.storage.jobs import (
     job_of,
 )
 from fermix.storage.sqlite.connection import fetch_rows
-from fermix.stored import JobRun, ScheduledJob
 
 
 def ensure_source(

@@ -9,10 +9,10 @@ import apsw
 from fermix import validate
 from fermix.clock import now_ms
 from fermix.errors import NotFoundError
+from fermix.model import Resource, Revision
 from fermix.model import check_resource_name as check_name
 from fermix.storage.resources import RESOURCE_SELECT, REVISION_SELECT, sha1
 from fermix.storage.sqlite.connection import fetch_rows, fetch_value
-from fermix.stored import Resource, Revision
 
 
 def get_resource(

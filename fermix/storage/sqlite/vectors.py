@@ -5,7 +5,7 @@ beside the row (deleted with it, dropped when its text changes); ``embedding_tok
 the tokens of each scope's embedded texts (``embedding_scopes`` names the scopes);
 ``embedding_model`` records the model and dimension every stored vector is of.
 
-The background embedder (:mod:`fermix.runtime.embedding`) finds the rows without a vector
+The background embedder (:mod:`fermix.runtime.indexing`) finds the rows without a vector
 (:func:`messages_to_embed`, :func:`memories_to_embed`), oldest first, and stores a batch
 (:func:`store_message_vectors`, :func:`store_memory_vectors`) in one write; a search reads
 the vectors of the scope it searches only (:func:`scope_vectors`: a conversation by its

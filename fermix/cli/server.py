@@ -1,4 +1,8 @@
-"""``fermix supervisor start | stop | status``: the tree as a background service (A8)."""
+"""``fermix server start | stop | status``: the memory server as a background service (A8).
+
+``fermix supervisor start | stop | status``, the commands' old name, still works: a
+deprecated alias that prints a one-line notice on stderr first.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +17,20 @@ from fermix.server import service
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``supervisor`` command group."""
-    group = sub.add_parser("supervisor", help="run the actor tree as a background service")
-    cmds = group.add_subparsers(dest="supervisor_command", required=True, metavar="COMMAND")
+    """Add the ``server`` command group, and ``supervisor``, its deprecated alias (unlisted)."""
+    _add_commands(sub.add_parser("server", help="run the memory server as a background service"))
+    # No help: argparse lists only the subparsers given one, so the alias stays unlisted.
+    alias = sub.add_parser("supervisor", description="deprecated: use `fermix server`")
+    alias.set_defaults(deprecated=DEPRECATED_ALIAS)
+    _add_commands(alias)
+
+
+DEPRECATED_ALIAS = "`fermix supervisor` is deprecated; use `fermix server`"
+"""The notice ``fermix supervisor ...`` prints on stderr before it runs."""
+
+
+def _add_commands(group: argparse.ArgumentParser) -> None:
+    cmds = group.add_subparsers(dest="server_command", required=True, metavar="COMMAND")
 
     p = cmds.add_parser("start", help="start the service (in the background by default)")
     p.add_argument(
@@ -43,7 +58,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def cmd_start(ctx: CommandContext, args: argparse.Namespace) -> int:
-    """``fermix supervisor start``."""
+    """``fermix server start``."""
     if args.foreground:
         import logging
 
@@ -69,7 +84,7 @@ def cmd_start(ctx: CommandContext, args: argparse.Namespace) -> int:
             allow_public=args.allow_public_bind,
         )
     pid = service.start_background(ctx.home, timeout=args.timeout, extra=_listen_args(args))
-    console().print(f"supervisor started (pid {pid}); log: {service.ServicePaths.of(ctx.home).log}")
+    console().print(f"server started (pid {pid}); log: {service.ServicePaths.of(ctx.home).log}")
     return 0
 
 
@@ -85,16 +100,14 @@ def _listen_args(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_stop(ctx: CommandContext, args: argparse.Namespace) -> int:
-    """``fermix supervisor stop``."""
+    """``fermix server stop``."""
     pid = service.stop(ctx.home, timeout=args.timeout)
-    console().print(
-        "supervisor was not running" if pid is None else f"supervisor stopped (pid {pid})"
-    )
+    console().print("server was not running" if pid is None else f"server stopped (pid {pid})")
     return 0
 
 
 def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
-    """``fermix supervisor status``: exit 0 when it runs, 1 when it does not (N7).
+    """``fermix server status``: exit 0 when it runs, 1 when it does not (N7).
 
     The running server's status document (its ``status()``, asked over ``supervisor.sock``)
     with ``running`` added; ``--json`` prints it whole, otherwise a table says since when
@@ -109,9 +122,9 @@ def cmd_status(ctx: CommandContext, args: argparse.Namespace) -> int:
     if args.json:
         print_json(data)
     elif pid is None:
-        console().print("supervisor is not running")
+        console().print("server is not running")
     else:
-        console().print(table("supervisor", ["", ""], status_rows(data, now=time.time())))
+        console().print(table("server", ["", ""], status_rows(data, now=time.time())))
         errors = data.get("last_errors") or []
         if errors:
             console().print(errors_table(errors))

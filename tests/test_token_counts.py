@@ -22,14 +22,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
-import fermix.tokens
+import fermix.token_counts
 from fermix.errors import InvalidInputError
-from fermix.tokens import (
+from fermix.token_counts import (
     CL100K,
     FALLBACK_BYTES_PER_TOKEN,
-    MESSAGE_OVERHEAD_TOKENS,
     O200K,
-    count_message_tokens,
     count_tokens,
     encoding_name_for,
     truncate_to_tokens,
@@ -173,37 +171,6 @@ def test_truncation_refuses_a_budget_that_is_not_a_count(budget: object) -> None
         truncate_to_tokens("text", budget)  # type: ignore[arg-type]
 
 
-def test_message_counts_are_content_plus_a_fixed_overhead_each() -> None:
-    messages = [
-        {"role": "system", "content": "You are helpful."},
-        {"role": "user", "content": "Hello there"},
-    ]
-    expected = sum(count_tokens(m["content"]) + MESSAGE_OVERHEAD_TOKENS for m in messages)
-    assert count_message_tokens(messages) == expected
-    assert count_message_tokens([]) == 0
-
-
-def test_message_counts_include_content_parts_names_and_tool_calls() -> None:
-    tool_calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    messages: list[dict[str, object]] = [
-        {"role": "user", "name": "ann", "content": [{"type": "text", "text": "look"}, {}]},
-        {"role": "assistant", "content": None, "tool_calls": tool_calls},
-    ]
-    expected = (
-        2 * MESSAGE_OVERHEAD_TOKENS
-        + count_tokens("look")
-        + count_tokens("ann")
-        + count_tokens(json.dumps(tool_calls))
-    )
-    assert count_message_tokens(messages) == expected
-
-
-@given(contents=st.lists(any_text, max_size=5), model=models)
-def test_message_counts_of_any_text_never_raise(contents: list[str], model: str | None) -> None:
-    messages: list[dict[str, object]] = [{"role": "user", "content": c} for c in contents]
-    assert count_message_tokens(messages, model) >= MESSAGE_OVERHEAD_TOKENS * len(contents)
-
-
 def test_counts_from_many_threads_agree() -> None:
     texts = [f"message number {i} with some words" for i in range(200)]
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -247,7 +214,7 @@ def run_isolated(body: str, **env: str) -> tuple[dict[str, Any], str]:
 def test_the_bundled_encodings_are_used_without_importing_litellm() -> None:
     result, log = run_isolated(
         """
-        import fermix.tokens as t
+        import fermix.token_counts as t
         counts = [t.count_tokens("hi"), t.count_tokens("hello world", "gpt-4o")]
         print(json.dumps({
             "litellm_imported": "litellm" in sys.modules,
@@ -269,14 +236,13 @@ def test_the_bundled_encodings_are_used_without_importing_litellm() -> None:
 def test_an_empty_cache_dir_falls_back_to_the_estimate_without_the_network(tmp_path: Path) -> None:
     result, log = run_isolated(
         """
-        import fermix.tokens as t
+        import fermix.token_counts as t
         text = "hello world, héllo"
         print(json.dumps({
             "counts": [t.count_tokens(text), t.count_tokens(text), t.count_tokens(text, "gpt-4o")],
             "bytes": len(text.encode()),
             "exact": t.uses_tiktoken(None),
             "head": t.truncate_to_tokens("abcdefghij", 2),
-            "messages": t.count_message_tokens([{"role": "user", "content": "abcd"}]),
             "cache_dir": os.environ["TIKTOKEN_CACHE_DIR"],
             "attempts": attempts,
         }))
@@ -287,11 +253,10 @@ def test_an_empty_cache_dir_falls_back_to_the_estimate_without_the_network(tmp_p
     assert result["counts"] == [estimate, estimate, estimate]
     assert result["exact"] is False
     assert result["head"] == "abcdefgh"
-    assert result["messages"] == 1 + MESSAGE_OVERHEAD_TOKENS
     assert result["cache_dir"] == str(tmp_path)  # a chosen cache dir is respected
     assert result["attempts"] == []
     assert list(tmp_path.iterdir()) == []
-    warnings = [line for line in log.splitlines() if line.startswith("WARNING fermix.tokens")]
+    warnings = [line for line in log.splitlines() if line.startswith("WARNING fermix.token_counts")]
     assert len(warnings) == 2  # once per encoding, not once per count
     assert "cl100k_base" in warnings[0] and "o200k_base" in warnings[1]
 
@@ -299,7 +264,7 @@ def test_an_empty_cache_dir_falls_back_to_the_estimate_without_the_network(tmp_p
 def test_a_disabled_tiktoken_cache_falls_back_without_the_network() -> None:
     result, log = run_isolated(
         """
-        import fermix.tokens as t
+        import fermix.token_counts as t
         print(json.dumps({"count": t.count_tokens("abcdefgh"), "attempts": attempts}))
         """,
         TIKTOKEN_CACHE_DIR="",
@@ -313,7 +278,7 @@ def test_a_damaged_cache_file_is_neither_used_nor_deleted(tmp_path: Path) -> Non
     damaged.write_bytes(b"not an encoding")
     result, log = run_isolated(
         """
-        import fermix.tokens as t
+        import fermix.token_counts as t
         print(json.dumps({"exact": t.uses_tiktoken(None), "attempts": attempts}))
         """,
         TIKTOKEN_CACHE_DIR=str(tmp_path),
@@ -331,7 +296,7 @@ def test_the_offline_sources_are_the_ones_tiktoken_would_fetch(
     assert spec is not None and spec.origin is not None
     source = Path(spec.origin).read_text(encoding="utf-8")
     cache_dir = Path(os.environ["TIKTOKEN_CACHE_DIR"])
-    for name, (url, sha256) in fermix.tokens._SOURCES.items():
+    for name, (url, sha256) in fermix.token_counts._SOURCES.items():
         assert f'"{url}"' in source and f'"{sha256}"' in source, name
         assert (cache_dir / hashlib.sha1(url.encode()).hexdigest()).is_file(), name
 
@@ -350,12 +315,12 @@ def runtime_requirement(name: str) -> Requirement:
 
 
 def test_the_installed_litellm_ships_both_encodings_where_the_lookup_looks() -> None:
-    folder = fermix.tokens.litellm_tokenizer_dir()
+    folder = fermix.token_counts.litellm_tokenizer_dir()
     assert folder is not None, (
         f"no tokenizers folder in the installed litellm under any of "
-        f"{[str(p) for p in fermix.tokens.LITELLM_TOKENIZER_DIRS]}: its wheel layout moved"
+        f"{[str(p) for p in fermix.token_counts.LITELLM_TOKENIZER_DIRS]}: its wheel layout moved"
     )
-    for name, (url, sha256) in fermix.tokens._SOURCES.items():
+    for name, (url, sha256) in fermix.token_counts._SOURCES.items():
         cached = folder / hashlib.sha1(url.encode()).hexdigest()
         assert cached.is_file(), f"{name}: {cached} is missing"
         assert hashlib.sha256(cached.read_bytes()).hexdigest() == sha256, name
@@ -375,11 +340,14 @@ def test_a_litellm_with_the_older_llms_tokenizers_layout_is_found_too(
     spec = ModuleSpec("litellm", None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path)]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
-    assert fermix.tokens.litellm_tokenizer_dir() == tmp_path / "llms" / "tokenizers"
+    assert fermix.token_counts.litellm_tokenizer_dir() == tmp_path / "llms" / "tokenizers"
     (tmp_path / "litellm_core_utils" / "tokenizers").mkdir(parents=True)
-    assert fermix.tokens.litellm_tokenizer_dir() == tmp_path / "litellm_core_utils" / "tokenizers"
+    assert (
+        fermix.token_counts.litellm_tokenizer_dir()
+        == tmp_path / "litellm_core_utils" / "tokenizers"
+    )
 
 
 def test_a_missing_litellm_leaves_the_tiktoken_cache_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert fermix.tokens.litellm_tokenizer_dir() is None
+    assert fermix.token_counts.litellm_tokenizer_dir() is None

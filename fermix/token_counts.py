@@ -6,7 +6,7 @@ as tiktoken names its cache files (the sha1 of the download URL): see
 :data:`LITELLM_TOKENIZER_DIRS`. When neither ``TIKTOKEN_CACHE_DIR`` nor ``DATA_GYM_CACHE_DIR``
 is set, the first count points ``TIKTOKEN_CACHE_DIR`` at that folder, found without importing
 litellm (which takes seconds). That layout is litellm's, not a promise: pyproject.toml caps
-litellm, and tests/test_tokens.py checks the installed one still has it.
+litellm, and tests/test_token_counts.py checks the installed one still has it.
 
 An encoding is loaded only when its cache file is present and intact (tiktoken would
 otherwise fetch it, or delete a damaged copy and fetch it). When it is not, counts fall back
@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import tiktoken
@@ -84,19 +82,6 @@ def count_tokens(text: str, model: str | None = None) -> int:
     return len(encoding.encode(text, disallowed_special=()))
 
 
-def count_message_tokens(messages: Iterable[Mapping[str, object]], model: str | None = None) -> int:
-    """Count chat ``messages`` (litellm / OpenAI dicts) for ``model``.
-
-    Each message costs :data:`MESSAGE_OVERHEAD_TOKENS` for its role and framing, plus the
-    tokens of its text: ``content`` (a string, or the ``text`` of its content parts),
-    ``name``, and ``tool_calls`` as JSON. An empty list costs nothing.
-    """
-    return sum(
-        MESSAGE_OVERHEAD_TOKENS + sum(count_tokens(part, model) for part in _message_texts(m))
-        for m in messages
-    )
-
-
 def truncate_to_tokens(text: str, max_tokens: int, model: str | None = None) -> str:
     """Return the longest start of ``text`` that counts at most ``max_tokens`` for ``model``."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
@@ -126,20 +111,6 @@ def uses_tiktoken(model: str | None = None) -> bool:
 
 def _estimate(text: str) -> int:
     return -(-len(text.encode("utf-8", "replace")) // FALLBACK_BYTES_PER_TOKEN)
-
-
-def _message_texts(message: Mapping[str, object]) -> Iterator[str]:
-    content = message.get("content")
-    if isinstance(content, str):
-        yield content
-    elif isinstance(content, list):
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                yield part["text"]
-    if isinstance(message.get("name"), str):
-        yield str(message["name"])
-    if message.get("tool_calls"):
-        yield json.dumps(message["tool_calls"], default=str, ensure_ascii=False)
 
 
 def _encoding(name: str) -> tiktoken.Encoding | None:
