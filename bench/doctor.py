@@ -222,6 +222,7 @@ def main() -> None:
         built_s = round(time.perf_counter() - start, 1)
         print(f"built {home} with {count} messages in {built_s} s", file=sys.stderr)
     if args.build_only:
+        print(json.dumps({"messages": count, "home": str(home), "built_s": built_s}))
         return
     os.environ.pop("COLUMNS", None)
     figures: dict[str, object] = {"messages": count, "home": str(home), "built_s": built_s}

@@ -8,8 +8,11 @@
 
 Where no PostgreSQL can be had (no psycopg, no binaries, none would start) the tests that
 ask for one are skipped, each with the reason; with ``FERMIX_REQUIRE_POSTGRES=1`` (set by
-``.ci/run``) they fail instead, so CI cannot go green on skipped Postgres tests. The
-session's last lines name the server used and how long it took to start.
+``.ci/run``) they fail instead, so CI cannot go green on skipped Postgres tests. With
+``FERMIX_REQUIRE_PGVECTOR=1`` (also set by ``.ci/run``) a server without the ``vector``
+extension fails them too, naming the server, so CI cannot go green on a PostgreSQL that
+never ran the approximate index. The session's last lines name the server used, whether it
+has pgvector, and how long it took to start.
 
 Registered in ``tests/conftest.py`` through ``pytest_plugins``.
 """
@@ -19,16 +22,19 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pg_server as pgs
 import pytest
 
 _started: list[pgs.PgServer] = []
 _unavailable: list[str] = []
+_pgvector: dict[Path, str | None] = {}
+"""Each started server's :meth:`~pg_server.PgServer.pgvector_trouble` (``None``: works)."""
 
 
-def _required() -> bool:
-    return os.environ.get("FERMIX_REQUIRE_POSTGRES", "") not in ("", "0")
+def _required(switch: str = "FERMIX_REQUIRE_POSTGRES") -> bool:
+    return os.environ.get(switch, "") not in ("", "0")
 
 
 def _unavailable_now(reason: str) -> None:
@@ -51,6 +57,13 @@ def pg_server() -> Iterator[pgs.PgServer]:
         _unavailable_now(str(exc))
     _started.append(server)
     try:
+        trouble = _pgvector[server.root] = server.pgvector_trouble()
+        if trouble is not None and _required("FERMIX_REQUIRE_PGVECTOR"):
+            pytest.fail(
+                f"pgvector required (FERMIX_REQUIRE_PGVECTOR) but on PostgreSQL {server.version} "
+                f"from {server.candidate.origin} ({server.bindir}): {trouble}",
+                False,
+            )
         yield server
     finally:
         server.stop()
@@ -76,9 +89,12 @@ def postgres_db(pg_server: pgs.PgServer, request: pytest.FixtureRequest) -> Iter
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for server in _started:
+        ran = "" if server.bindir == server.candidate.bindir else f" (run from {server.bindir})"
+        trouble = _pgvector.get(server.root)
         terminalreporter.write_line(
-            f"postgres: {server.version} from {server.candidate.origin}, "
-            f"started in {server.startup_s:.2f} s"
+            f"postgres: {server.version} from {server.candidate.origin}{ran}, "
+            + ("with pgvector" if trouble is None else f"pgvector unusable: {trouble}")
+            + f", started in {server.startup_s:.2f} s"
             + (f" (as user {server.user.pw_name})" if server.user else "")
         )
     for reason in _unavailable[:1]:

