@@ -21,7 +21,7 @@ from fermix.errors import FermixError, InvalidInputError, NotFoundError, UnsafeP
 from fermix.home import Home
 from fermix.model import ConversationKey, MemoryRow, NewMessage
 from fermix.runtime import prompt_files
-from fermix.runtime.files import FileCache, file_path, prompt_dir, write_atomic
+from fermix.runtime.files import FileCache, PairLocks, file_path, prompt_dir, write_atomic
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Writes
@@ -586,3 +586,37 @@ def test_c5_a_new_owner_sees_the_agents_shared_rows_on_the_first_compose(fermix_
         newcomer = memory.conversation("bot", "cli", "9", owner_id="newcomer")
         system = "\n".join(m["content"] for m in newcomer.compose("sys") if m["role"] == "system")
         assert "Answers in a friendly tone" in system
+
+
+def test_c5_p1_a_new_owner_s_first_compose_renders_in_memory_and_its_rebuild_writes_later(
+    fermix_home: Home, db: Database, files: PromptFiles
+) -> None:
+    def shared(w: Writes) -> list[MemoryRow]:
+        return [
+            w.upsert_row(
+                agent_id="bot",
+                owner_id="",
+                scope=categories.agent_scope("bot"),
+                category="context",
+                key="office",
+                value="The office opens at nine",
+                promote_target="memory_md",
+            )
+        ]
+
+    db.write(shared, label="seed")  # no rebuild: nobody has files yet
+    commits = db.commits
+    folder = prompt_dir(fermix_home, "bot", "newcomer")
+    with PairLocks().hold(folder):  # as another process would: the queued rebuild waits
+        for _ in range(2):
+            assert "opens at nine" in files.texts("bot", "newcomer")[1]
+        assert files.pending(("bot", "newcomer"))
+        assert db.commits == commits and current(db, "memory_md", "newcomer") is None
+        assert on_disk(fermix_home, "bot", "newcomer") == ("", "")
+    files.settle()  # the queued rebuild, off the compose's path, writes them
+    assert db.commits > commits
+    assert "opens at nine" in on_disk(fermix_home, "bot", "newcomer")[1]
+    assert current(db, "memory_md", "newcomer") is not None
+    commits = db.commits
+    assert files.texts("bot", "newcomer") == on_disk(fermix_home, "bot", "newcomer")
+    assert db.commits == commits and files.queued == 0

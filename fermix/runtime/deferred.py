@@ -3,13 +3,14 @@
 A shared row renders for every owner of its agent. After a review writes one, the
 conversation's own owner (and the agent's default owner ``""``) are rebuilt at once and
 every other owner later (:meth:`~fermix.runtime.prompt_files.PromptFiles.rebuild_for_rows`
-with ``defer_shared``): queued for a background thread that rebuilds them one at a time,
-and rebuilt first on that owner's next compose
-(:meth:`~fermix.runtime.prompt_files.PromptFiles.texts`) if the thread has not got there
-yet. A marker file per agent (:data:`SHARED_MARK`) tells other processes that such rebuilds
-were queued, so their next compose of an owner of that agent checks the files against the
-rows; a process that stopped before its thread finished leaves files that lag, repaired at
-the next start (:meth:`~fermix.runtime.prompt_files.PromptFiles.repair`) or on compose.
+with ``defer_shared``): queued for a background thread that rebuilds them one at a time.
+Until the thread gets there, that owner's compose renders the rows in memory
+(:meth:`~fermix.runtime.prompt_files.PromptFiles.texts`) and writes nothing: the rebuild,
+its revisions and its files stay on this thread, off the host's path. A marker file per
+agent (:data:`SHARED_MARK`) tells other processes that such rebuilds were queued, so their
+next compose of an owner of that agent checks the files against the rows (and renders in
+memory while they lag); a process that stopped before its thread finished leaves files that
+lag, repaired at the next start (:meth:`~fermix.runtime.prompt_files.PromptFiles.repair`).
 """
 
 from __future__ import annotations
@@ -33,24 +34,31 @@ are queued (M6): a compose in any process then checks the owner's files against 
 
 Pair = tuple[str, str]
 
+FOLLOW = None
+"""The reason of a queued job that rebuilds nothing: the files on disk follow the stored
+revisions (a shared store, B2)."""
+
 
 class DeferredRebuilds:
     """The rebuilds :class:`~fermix.runtime.prompt_files.PromptFiles` queues for later, and
     the background thread that runs them one at a time.
 
     PromptFiles mixes this in: its constructor sets the state below (``_state`` also guards
-    the pairs it has composed) and its :meth:`rebuild` does each rebuild.
+    the pairs it has composed) and its :meth:`_run` does each queued job. A job's reason is
+    the rebuild's; :data:`FOLLOW` asks only that the files on disk follow the stored
+    revisions (a shared store, B2), and a rebuild queued for the same pair replaces it.
     """
 
     home: Home
     _state: threading.Condition
-    _later: dict[Pair, str]
+    _later: dict[Pair, str | None]
     _running: int
+    _rebuilding: dict[Pair, int]
     _thread: threading.Thread | None
     _failed: set[str]
 
-    def rebuild(self, agent_id: str, owner_id: str = "", *, reason: str = "rebuild") -> object:
-        """Render both prompt files of ``agent_id`` for ``owner_id`` (PromptFiles does)."""
+    def _run(self, pair: Pair, reason: str | None) -> None:
+        """Do one queued job of ``pair`` (PromptFiles does)."""
         raise NotImplementedError
 
     def defer(self, pairs: Iterable[Pair], *, reason: str = "rebuild") -> int:
@@ -60,37 +68,51 @@ class DeferredRebuilds:
         on their next compose. A pair already queued keeps its place.
         """
         pairs = [p for p in pairs if has_files(*p)]
-        with self._state:
-            fresh = [p for p in pairs if p not in self._later]
-            for pair in fresh:
-                self._later[pair] = reason
+        fresh = self._queue(pairs, reason)
         for agent_id in sorted({a for a, _ in pairs}):
             try:
                 _write_mark(files.prompt_dir(self.home, agent_id))
             except OSError as exc:
                 log.warning("marker of %s not written: %s", agent_id, exc)
+        return fresh
+
+    def _queue(self, pairs: Iterable[Pair], reason: str | None) -> int:
+        """Queue a job per pair for the background thread, writing nothing (what a compose
+        may do); returns how many are new. A queued rebuild is never demoted to a follow."""
+        with self._state:
+            fresh = 0
+            for pair in pairs:
+                if pair not in self._later:
+                    fresh += 1
+                    self._later[pair] = reason
+                elif reason is not None and self._later[pair] is None:
+                    self._later[pair] = reason
         if fresh:
             self._start_thread()
-        return len(fresh)
+        return fresh
+
+    def pending(self, pair: Pair) -> bool:
+        """Whether a rebuild of ``pair`` is queued or running here (its files may lag)."""
+        with self._state:
+            return self._later.get(pair, FOLLOW) is not None or pair in self._rebuilding
 
     @property
     def queued(self) -> int:
-        """Rebuilds queued or running."""
+        """Jobs queued or running."""
         with self._state:
             return len(self._later) + self._running
 
     def settle(self) -> int:
-        """Run every queued rebuild on this thread, wait for the background thread's
-        current one, and return how many this call ran."""
+        """Run every queued job on this thread, wait for the background thread's current
+        one, and return how many this call ran."""
         ran = 0
         while True:
             with self._state:
                 if not self._later:
                     self._state.wait_for(lambda: self._running == 0)
                     return ran
-                pair, reason = next(iter(self._later.items()))
-                del self._later[pair]
-            self._rebuild_queued(pair, reason)
+                pair, reason = self._take()
+            self._run_queued(pair, reason)
             ran += 1
 
     def take_failed_agents(self) -> set[str]:
@@ -109,22 +131,28 @@ class DeferredRebuilds:
             self._thread.start()
 
     def _drain(self) -> None:
-        """The background thread: run queued rebuilds, one at a time, until none is left."""
+        """The background thread: run queued jobs, one at a time, until none is left."""
         while True:
             with self._state:
                 if not self._later:
                     self._thread = None
                     return
-                pair, reason = next(iter(self._later.items()))
-                del self._later[pair]
-            self._rebuild_queued(pair, reason)
+                pair, reason = self._take()
+            self._run_queued(pair, reason)
 
-    def _rebuild_queued(self, pair: Pair, reason: str) -> None:
-        """Run one queued rebuild; a failure is logged and left to a repair, never raised."""
-        with self._state:
-            self._running += 1
+    def _take(self) -> tuple[Pair, str | None]:
+        """The oldest queued job, now counted as running (``_state`` held)."""
+        pair, reason = next(iter(self._later.items()))
+        del self._later[pair]
+        self._running += 1
+        if reason is not None:
+            self._rebuilding[pair] = self._rebuilding.get(pair, 0) + 1
+        return pair, reason
+
+    def _run_queued(self, pair: Pair, reason: str | None) -> None:
+        """Run one taken job; a failure is logged and left to a repair, never raised."""
         try:
-            self.rebuild(*pair, reason=reason)
+            self._run(pair, reason)
         except Exception as exc:  # noqa: BLE001 - a background rebuild must not die: S1
             log.warning("prompt files of %s/%r not rebuilt, left to a repair: %s", *pair, exc)
             with self._state:
@@ -132,6 +160,10 @@ class DeferredRebuilds:
         finally:
             with self._state:
                 self._running -= 1
+                if reason is not None:
+                    self._rebuilding[pair] -= 1
+                    if not self._rebuilding[pair]:
+                        del self._rebuilding[pair]
                 self._state.notify_all()
 
 

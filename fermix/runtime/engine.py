@@ -193,8 +193,8 @@ class Runtime:
             raise
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the sweep and the tree gracefully (queued writes finish first), then close
-        the database."""
+        """Stop the sweep and the tree gracefully (queued writes and prompt-file rebuilds
+        finish first), then close the database."""
         with self._lock:
             if not self._started or self._closed:
                 self._closed = True
@@ -206,6 +206,7 @@ class Runtime:
                 self.indexer.stop(timeout)
             self.registry.stop()
             self.tree.stop(timeout=timeout)
+            self.files.settle()  # prompt-file rebuilds queued by reviews and composes
         finally:
             self.db.close()
 

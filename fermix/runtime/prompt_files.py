@@ -21,6 +21,10 @@ conversation's own owner (and the agent's default owner ``""``) are rebuilt at o
 every other owner later (M6, :meth:`PromptFiles.rebuild_for_rows` with ``defer_shared``):
 :mod:`~fermix.runtime.deferred` queues those rebuilds for a background thread and marks
 the agent for other processes.
+
+Reading is pure (P1, :meth:`PromptFiles.texts`): a compose never commits, fsyncs or writes a
+file. Where the files lag the rows it serves the rows rendered in memory, once per version
+of the rows; the rebuild, its revision and its files stay on the writer's side.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from fermix.errors import WriteFailedError
 from fermix.home import Home
 from fermix.model import MemoryRow, check_resource_name
 from fermix.runtime import files
-from fermix.runtime.deferred import DeferredRebuilds, Pair, has_files, read_mark
+from fermix.runtime.deferred import FOLLOW, DeferredRebuilds, Pair, has_files, read_mark
 from fermix.runtime.rendering import load_rows as load_rows  # still offered here
 from fermix.runtime.rendering import render_pair as render_pair
 from fermix.runtime.stored_files import StoredRevisions
@@ -99,9 +103,13 @@ class PromptFiles(DeferredRebuilds):
         self._state = threading.Condition()
         self._seen: dict[Pair, object] = {}
         """Each pair composed, and the agent's marker when its files were last checked."""
-        self._later: dict[Pair, str] = {}
-        """Rebuilds queued (M6), oldest first, with their reason."""
+        self._later: dict[Pair, str | None] = {}
+        """Jobs queued (M6), oldest first, with their reason (:data:`FOLLOW`: no rebuild)."""
         self._running = 0
+        self._rebuilding: dict[Pair, int] = {}
+        """The pairs whose queued rebuild runs now, and how many run."""
+        self._renders: dict[Pair, tuple[int, RenderedFiles]] = {}
+        """Renders served while a pair's files lag, by the rows' version (never written)."""
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
         self._stored = StoredRevisions() if db.shared else None
@@ -112,30 +120,35 @@ class PromptFiles(DeferredRebuilds):
     def texts(self, agent_id: str, owner_id: str = "") -> tuple[str, str]:
         """The current USER.md and MEMORY.md of ``agent_id`` for ``owner_id`` (P1).
 
-        An owner seen for the first time gets its files rendered first: rebuilds after a
-        memory write cover the owners that already have files, and a new owner (a new
-        guest, say) must still see the agent's shared rows. An owner whose rebuild is
-        queued here is rebuilt now; when another process queued rebuilds of this agent
-        (its marker changed), the files are checked against the rows and rebuilt if they
-        lag (M6). Otherwise the files are read through the cache, with no database read.
-        On a shared store, the pair's current revisions are served instead (B2).
+        A pure read: it never commits, fsyncs or writes a file; at most it queues a rebuild
+        for the background thread. Where the files on disk lag the rows, it renders the
+        rows in memory (once per version of the rows) and serves that: for an owner whose
+        rebuild is queued here (M6), an owner seen for the first time with no files (a new
+        guest must still see the agent's shared rows), and an owner whose files lag after
+        another process queued rebuilds of this agent (its marker changed). Otherwise the
+        files are read through the cache, with no database read. On a shared store, the
+        pair's current revisions are served instead (B2).
         """
         files.check_ids(agent_id, owner_id)
         if self._stored is not None:
             return self._stored_texts(agent_id, owner_id, self._stored)
         mark = read_mark(files.prompt_dir(self.home, agent_id))
         pair = (agent_id, owner_id)
+        if self.pending(pair):
+            return self._rendered(pair)
         with self._state:
-            reason = self._later.pop(pair, None)
             seen = self._seen.get(pair, _UNSEEN)
-        if reason is not None:
-            self._rebuild_queued(pair, reason)
-        elif seen is _UNSEEN and not any(
+        if seen is _UNSEEN and not any(
             p.exists() for p in files.paths(self.home, agent_id, owner_id)
         ):
-            self.rebuild(agent_id, owner_id)
-        elif seen != mark and mark is not None and self._pair_lags(agent_id, owner_id):
-            self.rebuild(agent_id, owner_id, reason="repair")
+            with self._state:
+                self._seen[pair] = mark
+            self._queue([pair], "rebuild")
+            return self._rendered(pair)
+        if seen != mark and mark is not None:
+            lagging = self._lagging(pair)
+            if lagging is not None:
+                return lagging  # checked again next time, until the files catch up
         with self._state:
             self._seen[pair] = mark
         return self._cache.texts(self.home, agent_id, owner_id)
@@ -144,26 +157,61 @@ class PromptFiles(DeferredRebuilds):
         self, agent_id: str, owner_id: str, stored: StoredRevisions
     ) -> tuple[str, str]:
         """:meth:`texts` on a shared store: the pair's current revisions, one read by key
-        (B2). An owner no service has rendered yet is rendered first, as on SQLite."""
+        (B2). An owner no service has rendered yet is rendered in memory, as on SQLite, and
+        the files on disk follow on the background thread."""
         pair = (agent_id, owner_id)
+        if self.pending(pair):
+            return self._rendered(pair)
         with self._state:
-            reason = self._later.pop(pair, None)
             seen = pair in self._seen
-        if reason is not None:
-            self._rebuild_queued(pair, reason)
         with self._db.read() as reads:
             user, memory = stored.current(reads, agent_id, owner_id)
         with self._state:
             self._seen[pair] = None
         if not seen and user[0] == memory[0] == 0:
-            rebuilt = self.rebuild(agent_id, owner_id)
-            return rebuilt.user_md.content, rebuilt.memory_md.content
-        stored.follow_on_disk(self.home, self._locks, pair, (user, memory))
+            self._queue([pair], "rebuild")
+            return self._rendered(pair)
+        if stored.lags_on_disk(self.home, pair, (user, memory)):
+            self._queue([pair], FOLLOW)
         return user[1], memory[1]
 
-    def _pair_lags(self, agent_id: str, owner_id: str) -> bool:
+    def _rendered(self, pair: Pair) -> RenderedFiles:
+        """Both files of ``pair`` rendered from the rows now, in memory: one read of the
+        rows' version, and a render only when it moved since the last."""
         with self._db.read() as reads:
-            return self._lags(reads, agent_id, owner_id)
+            version = reads.memory_version(*pair)
+            with self._state:
+                known = self._renders.get(pair)
+            if known is not None and known[0] == version:
+                return known[1]
+            rendered = render_pair(reads, *pair)
+        with self._state:
+            self._renders[pair] = (version, rendered)
+        return rendered
+
+    def _lagging(self, pair: Pair) -> RenderedFiles | None:
+        """The rendering of ``pair``'s rows when its files lag them, else None."""
+        rendered = self._rendered(pair)
+        with self._db.read() as reads:
+            if self._lags(reads, *pair, rendered):
+                return rendered
+        with self._state:
+            self._renders.pop(pair, None)
+        return None
+
+    def _run(self, pair: Pair, reason: str | None) -> None:
+        """One queued job (:class:`DeferredRebuilds`), on the background thread: a rebuild,
+        or on a shared store the files on disk brought to the current revisions."""
+        try:
+            if reason is not None:
+                self.rebuild(*pair, reason=reason)
+            elif self._stored is not None:
+                with self._db.read() as reads:
+                    current = self._stored.current(reads, *pair)
+                self._stored.follow_on_disk(self.home, self._locks, pair, current)
+        finally:
+            with self._state:
+                self._renders.pop(pair, None)
 
     # -- rebuilding -------------------------------------------------------------------
 
@@ -307,9 +355,12 @@ class PromptFiles(DeferredRebuilds):
                         found.append((agent, owner))
         return found
 
-    def _lags(self, reads: Reads, agent_id: str, owner_id: str) -> bool:
+    def _lags(
+        self, reads: Reads, agent_id: str, owner_id: str, rendered: RenderedFiles | None = None
+    ) -> bool:
         folder = files.prompt_dir(self.home, agent_id, owner_id)
-        rendered = render_pair(reads, agent_id, owner_id)
+        if rendered is None:
+            rendered = render_pair(reads, agent_id, owner_id)
         for spec, text in zip(FILES, rendered, strict=True):
             current = reads.current_revision(agent_id, spec.name, owner_id=owner_id)
             if self._stored is None:

@@ -5,7 +5,8 @@ Several services, each with its own home, compose from one PostgreSQL store. A f
 disk says nothing of a rebuild another service made, so a compose reads the pair's current
 revision numbers (by the resources' key) and serves each revision's content, read once per
 number: a revision never changes, and its number only grows. The files on disk follow the
-revisions this process sees, never going back to an older one.
+revisions this process sees, on the background thread and never going back to an older one;
+a compose writes nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ class StoredRevisions:
         with self._lock:
             self._on_disk[path] = max(number, self._on_disk.get(path, -1))
 
+    def lags_on_disk(
+        self, home: Home, pair: tuple[str, str], current: tuple[Current, Current]
+    ) -> bool:
+        """Whether a file of ``pair`` on disk may hold an older revision than ``current``
+        (no file access: what this process wrote is known)."""
+        paths = files.paths(home, *pair)
+        return any(self.behind(p, n) for p, (n, _) in zip(paths, current, strict=True))
+
     def follow_on_disk(
         self,
         home: Home,
@@ -82,11 +91,12 @@ class StoredRevisions:
         current: tuple[Current, Current],
     ) -> None:
         """Bring the files of ``pair`` on disk to the revisions ``current`` if they hold
-        older ones, under the pair's lock. They are a cache: a failure is logged, never
-        raised into the compose, and the next compose tries again."""
-        paths = files.paths(home, *pair)
-        if not any(self.behind(p, n) for p, (n, _) in zip(paths, current, strict=True)):
+        older ones, under the pair's lock (on the background thread, never a compose's).
+        They are a cache: a failure is logged, never raised, and the next compose that
+        finds them behind queues another try."""
+        if not self.lags_on_disk(home, pair, current):
             return
+        paths = files.paths(home, *pair)
         try:
             with locks.hold(paths[0].parent):
                 for path, (number, text) in zip(paths, current, strict=True):
