@@ -20,9 +20,14 @@ from fermix.core import categories
 from fermix.errors import FermixError, InvalidInputError, NotFoundError, UnsafePathSegmentError
 from fermix.home import Home
 from fermix.model import ConversationKey, MemoryRow, NewMessage
-from fermix.runtime import prompt_files
-from fermix.runtime.files import FileCache, PairLocks, file_path, prompt_dir, write_atomic
-from fermix.runtime.prompt_files import PromptFiles, RebuildResult
+from fermix.runtime.prompt_files import PromptFiles, RebuildResult, rebuilding
+from fermix.runtime.prompt_files.disk import (
+    FileCache,
+    PairLocks,
+    file_path,
+    prompt_dir,
+    write_atomic,
+)
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Writes
 from fermix.storage.connection import raw_connect
@@ -337,7 +342,7 @@ def test_c5_a_row_written_while_a_rebuild_renders_is_in_the_files_it_leaves(
     revision and the file are rendered again under the write lock."""
     remember(db, "interest", "a", "Likes chess")
     other = Database(fermix_home.db_path)
-    real_render = prompt_files.render_pair
+    real_render = rebuilding.render_pair
     calls: list[int] = []
 
     def render_then_another_process_writes(*args: object) -> object:
@@ -348,7 +353,7 @@ def test_c5_a_row_written_while_a_rebuild_renders_is_in_the_files_it_leaves(
         return rendered
 
     # A timing seam only: the render itself is the real one, and so is the storage.
-    monkeypatch.setattr(prompt_files, "render_pair", render_then_another_process_writes)
+    monkeypatch.setattr(rebuilding, "render_pair", render_then_another_process_writes)
     try:
         result = files.rebuild("bot")
     finally:

@@ -31,8 +31,7 @@ from fermix.core.review import CUT_MARK, ReviewResult, Skip, pack_backlog, pick_
 from fermix.core.review_answer import NOTHING_TO_SAVE
 from fermix.home import Home
 from fermix.model import ConversationKey, ConversationState, MemoryRow, Message, NewMessage
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
 from fermix.storage import Database, Writes
@@ -472,7 +471,7 @@ def test_m6_a_shared_row_rebuilds_this_owner_at_once_and_other_owners_later_or_o
     held, release = threading.Event(), threading.Event()
 
     def hold_bob() -> None:
-        with files.PairLocks().hold(files.prompt_dir(fermix_home, "agent", "bob")):
+        with disk.PairLocks().hold(disk.prompt_dir(fermix_home, "agent", "bob")):
             held.set()
             release.wait(WAIT_S)
 
@@ -497,7 +496,7 @@ def test_m6_a_shared_row_rebuilds_this_owner_at_once_and_other_owners_later_or_o
         holder.join(WAIT_S)
     rig.files.settle()
     assert rig.files.queued == 0
-    path = files.file_path(fermix_home, "agent", "memory_md", "bob")
+    path = disk.file_path(fermix_home, "agent", "memory_md", "bob")
     assert six in path.read_text("utf-8")
     assert rig.files.stale() == []
 
@@ -505,7 +504,7 @@ def test_m6_a_shared_row_rebuilds_this_owner_at_once_and_other_owners_later_or_o
 def _on_disk(home: Home, owner: str) -> list[tuple[bytes, int] | None]:
     """Each prompt file of ``owner``'s: its bytes and modification time, or None."""
     found = []
-    for path in files.paths(home, "agent", owner):
+    for path in disk.paths(home, "agent", owner):
         found.append((path.read_bytes(), path.stat().st_mtime_ns) if path.exists() else None)
     return found
 
@@ -535,7 +534,7 @@ def test_m6_p1_compose_is_a_pure_read_it_serves_rows_whose_rebuild_is_queued_and
     held, release = threading.Event(), threading.Event()
 
     def hold_bob() -> None:
-        with files.PairLocks().hold(files.prompt_dir(fermix_home, "agent", "bob")):
+        with disk.PairLocks().hold(disk.prompt_dir(fermix_home, "agent", "bob")):
             held.set()
             release.wait(WAIT_S)
 
@@ -569,7 +568,7 @@ def test_m6_p1_compose_is_a_pure_read_it_serves_rows_whose_rebuild_is_queued_and
         holder.join(WAIT_S)
     rig.files.settle()
     for owner in owners:
-        assert six in files.file_path(fermix_home, "agent", "memory_md", owner).read_text("utf-8")
+        assert six in disk.file_path(fermix_home, "agent", "memory_md", owner).read_text("utf-8")
     assert rig.files.stale() == []
     assert rig.db.commits > commits
 
@@ -593,5 +592,5 @@ def test_m6_a_forced_review_returns_with_every_owner_s_files_rebuilt(
     assert rig.reviewing.review(KEY, force=True).status == "applied"
     assert rig.files.queued == 0
     for owner in ["", "alice", "bob", "carol"]:
-        path = files.file_path(Home(home), "agent", "memory_md", owner)
+        path = disk.file_path(Home(home), "agent", "memory_md", owner)
         assert "Answers in English" in path.read_text("utf-8")

@@ -46,11 +46,10 @@ from fermix.model import (
     NewMessage,
     PendingAppend,
 )
-from fermix.runtime import files
 from fermix.runtime.compacting import Compacting
 from fermix.runtime.embedding import Indexer
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
 from fermix.runtime.reviewing import SWEEP_AGAIN_S, SWEEP_CLAIMS_PER_WORKER, Reviewing
 from fermix.runtime.timer import Timer
@@ -121,7 +120,7 @@ class Runtime:
         with self._lock:
             if self._started:
                 return
-            files.make_private_dir(self.home.root)
+            disk.make_private_dir(self.home.root)
             self.db: Storage = open_storage(self.home, self.config, vfs=self._vfs)
             try:
                 self._start_tree()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fermix.core.render import FILES
 from fermix.home import Home
-from fermix.runtime import files
+from fermix.runtime.prompt_files import disk
 from fermix.storage import Reads
 
 log = logging.getLogger(__name__)
@@ -80,13 +80,13 @@ class StoredRevisions:
     ) -> bool:
         """Whether a file of ``pair`` on disk may hold an older revision than ``current``
         (no file access: what this process wrote is known)."""
-        paths = files.paths(home, *pair)
+        paths = disk.paths(home, *pair)
         return any(self.behind(p, n) for p, (n, _) in zip(paths, current, strict=True))
 
     def follow_on_disk(
         self,
         home: Home,
-        locks: files.PairLocks,
+        locks: disk.PairLocks,
         pair: tuple[str, str],
         current: tuple[Current, Current],
     ) -> None:
@@ -96,14 +96,14 @@ class StoredRevisions:
         finds them behind queues another try."""
         if not self.lags_on_disk(home, pair, current):
             return
-        paths = files.paths(home, *pair)
+        paths = disk.paths(home, *pair)
         try:
             with locks.hold(paths[0].parent):
                 for path, (number, text) in zip(paths, current, strict=True):
                     if not self.behind(path, number):
                         continue  # a rebuild here wrote it meanwhile, as new or newer
-                    if files.read_bytes(path) != text.encode("utf-8") and (text or path.exists()):
-                        files.write_atomic(path, text)
+                    if disk.read_bytes(path) != text.encode("utf-8") and (text or path.exists()):
+                        disk.write_atomic(path, text)
                     self.wrote(path, number)
         except OSError as exc:
             log.warning("prompt files of %s/%r not written to disk: %s", *pair, exc)

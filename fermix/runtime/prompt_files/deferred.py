@@ -20,11 +20,11 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from fermix.home import Home, set_private_file_mode
-from fermix.runtime import files
+from fermix.runtime.prompt_files import disk
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +40,22 @@ revisions (a shared store, B2)."""
 
 
 class DeferredRebuilds:
-    """The rebuilds :class:`~fermix.runtime.prompt_files.PromptFiles` queues for later, and
-    the background thread that runs them one at a time.
-
-    PromptFiles mixes this in: its constructor sets the state below (``_state`` also guards
-    the pairs it has composed) and its :meth:`_run` does each queued job. A job's reason is
-    the rebuild's; :data:`FOLLOW` asks only that the files on disk follow the stored
-    revisions (a shared store, B2), and a rebuild queued for the same pair replaces it.
+    """The prompt-file jobs queued for later, and the background thread that runs them one
+    at a time through ``run`` (a rebuild, or :data:`FOLLOW`: on a shared store the files on
+    disk brought to the stored revisions). A rebuild queued for a pair replaces its follow.
     """
 
-    home: Home
-    _state: threading.Condition
-    _later: dict[Pair, str | None]
-    _running: int
-    _rebuilding: dict[Pair, int]
-    _thread: threading.Thread | None
-    _failed: set[str]
-
-    def _run(self, pair: Pair, reason: str | None) -> None:
-        """Do one queued job of ``pair`` (PromptFiles does)."""
-        raise NotImplementedError
+    def __init__(self, home: Home, run: Callable[[Pair, str | None], None]) -> None:
+        self.home = home
+        self._run = run
+        self._state = threading.Condition()
+        self._later: dict[Pair, str | None] = {}
+        """Jobs queued, oldest first, with their reason (:data:`FOLLOW`: no rebuild)."""
+        self._running = 0
+        self._rebuilding: dict[Pair, int] = {}
+        """The pairs whose queued rebuild runs now, and how many run."""
+        self._thread: threading.Thread | None = None
+        self._failed: set[str] = set()
 
     def defer(self, pairs: Iterable[Pair], *, reason: str = "rebuild") -> int:
         """Queue rebuilds of ``pairs`` for the background thread; returns how many are new.
@@ -68,15 +64,15 @@ class DeferredRebuilds:
         on their next compose. A pair already queued keeps its place.
         """
         pairs = [p for p in pairs if has_files(*p)]
-        fresh = self._queue(pairs, reason)
+        fresh = self.queue(pairs, reason)
         for agent_id in sorted({a for a, _ in pairs}):
             try:
-                _write_mark(files.prompt_dir(self.home, agent_id))
+                _write_mark(disk.prompt_dir(self.home, agent_id))
             except OSError as exc:
                 log.warning("marker of %s not written: %s", agent_id, exc)
         return fresh
 
-    def _queue(self, pairs: Iterable[Pair], reason: str | None) -> int:
+    def queue(self, pairs: Iterable[Pair], reason: str | None) -> int:
         """Queue a job per pair for the background thread, writing nothing (what a compose
         may do); returns how many are new. A queued rebuild is never demoted to a follow."""
         with self._state:
@@ -169,13 +165,13 @@ class DeferredRebuilds:
 
 def read_mark(folder: Path) -> bytes | None:
     """The content of ``folder``'s :data:`SHARED_MARK`, or None when it has none."""
-    return files.read_bytes(folder / SHARED_MARK)
+    return disk.read_bytes(folder / SHARED_MARK)
 
 
 def _write_mark(folder: Path) -> None:
     """Replace ``folder``'s :data:`SHARED_MARK` with new content (temp file and rename, not
     fsynced: a lost marker only means a compose reads files the next start repairs)."""
-    files.make_private_dir(folder)
+    disk.make_private_dir(folder)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{SHARED_MARK}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -189,8 +185,8 @@ def _write_mark(folder: Path) -> None:
 
 def has_files(agent_id: str, owner_id: str) -> bool:
     """Whether ``agent_id`` and ``owner_id`` can name a folder of prompt files; a warning
-    when they cannot (:func:`~fermix.runtime.files.has_files`)."""
-    if files.has_files(agent_id, owner_id):
+    when they cannot (:func:`~fermix.runtime.prompt_files.disk.has_files`)."""
+    if disk.has_files(agent_id, owner_id):
         return True
     log.warning("no prompt files for agent %r, owner %r: unsafe ids", agent_id, owner_id)
     return False
