@@ -73,8 +73,7 @@ from fermix.core import categories, composer, render
 from fermix.core.render import FILES, RenderedFiles
 from fermix.home import Home
 from fermix.model import CATEGORIES, ConversationKey, MemoryRow, Message
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles, RebuildResult, render_pair
+from fermix.runtime.prompt_files import PromptFiles, RebuildResult, disk, render_pair
 from fermix.storage import Writes
 from fermix.storage.sqlite.database import Database
 
@@ -341,7 +340,7 @@ def rebuild_figures(home: Home, rows: int, repeats: int) -> dict[str, Any]:
         seed_rows(db, rows)
         prompt_files = PromptFiles(home, db)
         prompt_files.rebuild(AGENT, OWNER)
-        hand = RebuildByHand(raw, files.prompt_dir(home, AGENT, OWNER))
+        hand = RebuildByHand(raw, disk.prompt_dir(home, AGENT, OWNER))
         with db.read() as reads:
             assert hand.texts() == render_pair(reads, AGENT, OWNER), "the baseline renders alike"
 
@@ -425,7 +424,7 @@ def compose_figures(home: Home, history: int, repeats: int) -> dict[str, Any]:
         assert len(composed) == history + parts, "system prompt, rules, memory block, window"
         raw = raw_connection(home.db_path)
         try:
-            hand = ComposeByHand(raw, conv.key, files.prompt_dir(home, AGENT, OWNER))
+            hand = ComposeByHand(raw, conv.key, disk.prompt_dir(home, AGENT, OWNER))
             assert hand.compose(SYSTEM) == composed, "the baseline composes alike"
             fermix_ms, hand_ms = paired_ms(
                 lambda: conv.compose(SYSTEM), lambda: hand.compose(SYSTEM), repeats

@@ -1,7 +1,7 @@
 """Composing the prompt: order of messages and a memory fence that holds (P1, T5).
 
 The rules are the pure :func:`fermix.core.composer.compose`; the files it is given are read
-through :class:`fermix.runtime.files.FileCache`, which sees every rebuild (P1).
+through :class:`fermix.runtime.prompt_files.disk.FileCache`, which sees every rebuild (P1).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from fermix.core import categories, composer, render
 from fermix.core.composer import FENCE_CLOSE, FENCE_OPEN, LABEL, compose
 from fermix.home import Home
 from fermix.model import MemoryRow, Message
-from fermix.runtime.files import FileCache
 from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files.disk import FileCache
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
 from fermix.storage.sqlite.database import Database

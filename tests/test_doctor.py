@@ -26,8 +26,7 @@ from fermix.core import categories
 from fermix.errors import StorageError
 from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.storage.sqlite import conversations, memories, messages, migrations
 from fermix.storage.sqlite.connection import apply_settings, raw_connect, transaction
 from fermix.storage.sqlite.database import Database
@@ -200,7 +199,7 @@ def test_s4_damage_to_an_fts_index_alone_only_warns_in_the_integrity_check(
 def test_c5_a_hand_edited_prompt_file_fails_with_the_rerender_hint_and_fix_rerenders_it(
     healthy: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    user_md = files.prompt_dir(healthy, AGENT) / "USER.md"
+    user_md = disk.prompt_dir(healthy, AGENT) / "USER.md"
     rendered = user_md.read_text(encoding="utf-8")
     user_md.write_text(rendered + "- Likes tea (added by hand)\n", encoding="utf-8")
     assert main(["doctor"]) == EXIT_FAILURE
@@ -215,7 +214,7 @@ def test_c5_a_hand_edited_prompt_file_fails_with_the_rerender_hint_and_fix_reren
 def test_c5_a_deleted_prompt_file_of_another_owner_is_found_and_written_again(
     healthy: Home,
 ) -> None:
-    memory_md = files.prompt_dir(healthy, AGENT, "alice") / "MEMORY.md"
+    memory_md = disk.prompt_dir(healthy, AGENT, "alice") / "MEMORY.md"
     memory_md.unlink()
     check = _by_name(doctor.diagnose(healthy, now=now_ms()))["prompt files"]
     assert check.status == "fail"
@@ -260,7 +259,7 @@ def test_s1_every_breakage_at_once_is_fixed_in_one_run(
 ) -> None:
     raw.execute("INSERT INTO messages_fts (rowid, content) VALUES (999, 'ghost')")
     raw.execute("UPDATE conversations SET review_claim_token = 'x', review_claim_expires_at = 1")
-    (files.prompt_dir(healthy, AGENT) / "MEMORY.md").write_text("edited\n")
+    (disk.prompt_dir(healthy, AGENT) / "MEMORY.md").write_text("edited\n")
     assert main(["doctor", "--fix"]) == 0
     out = capsys.readouterr().out
     for done in (
@@ -464,7 +463,7 @@ def test_p2_s1_doctor_fix_keeps_the_rollback(
     healthy: Home, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rolled_back = _roll_back_user_md(healthy)
-    user_md = files.prompt_dir(healthy, AGENT) / "USER.md"
+    user_md = disk.prompt_dir(healthy, AGENT) / "USER.md"
     assert main(["doctor", "--fix"]) == 0
     assert "fixed" not in capsys.readouterr().out
     assert user_md.read_text(encoding="utf-8") == rolled_back
@@ -476,7 +475,7 @@ def test_p2_c5_a_rolled_back_file_edited_by_hand_is_stale_and_fix_renders_the_ro
     healthy: Home,
 ) -> None:
     _roll_back_user_md(healthy)
-    user_md = files.prompt_dir(healthy, AGENT) / "USER.md"
+    user_md = disk.prompt_dir(healthy, AGENT) / "USER.md"
     user_md.write_text("- edited by hand\n", encoding="utf-8")
     check = _by_name(doctor.diagnose(healthy, now=now_ms()))["prompt files"]
     assert check.status == "fail"

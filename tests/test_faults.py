@@ -48,8 +48,7 @@ from fermix.errors import (
 )
 from fermix.home import Home
 from fermix.model import MemoryRow
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.runtime.registry import child_id
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
@@ -204,7 +203,7 @@ def city(value: str, *, owner_id: str = "ana") -> Callable[[Writes], list[Memory
 
 def user_md(home: Path, owner_id: str = "ana") -> str:
     """USER.md of agent ``agent`` for ``owner_id`` as it is on disk (``""`` when missing)."""
-    path = files.file_path(Home(home), "agent", "user_md", owner_id)
+    path = disk.file_path(Home(home), "agent", "user_md", owner_id)
     return path.read_text("utf-8") if path.exists() else ""
 
 
@@ -231,7 +230,7 @@ def assert_consistent(home: Path, *convs: Conversation) -> None:
                 for r in reads.resources()
             ]
         for resource, revision in current:
-            path = files.file_path(Home(home), resource.agent_id, resource.name, resource.owner_id)
+            path = disk.file_path(Home(home), resource.agent_id, resource.name, resource.owner_id)
             on_disk = path.read_text("utf-8") if path.exists() else ""
             assert on_disk == ("" if revision is None else revision.content), (
                 f"{path} is not its current revision"
@@ -508,7 +507,7 @@ def test_p2_s1_a_file_that_cannot_be_replaced_fails_the_rebuild_and_a_later_repa
     """USER.md's path is taken by a directory: the revision is recorded, the file cannot
     be written. The writer remembers it, a repair while the path is taken changes nothing,
     and the first repair after it is free writes the revision's content."""
-    path = files.file_path(Home(home), "agent", "user_md", "ana")
+    path = disk.file_path(Home(home), "agent", "user_md", "ana")
     (path / "in-the-way").mkdir(parents=True)
     db = Database(home / "memory.db")
     try:
@@ -534,7 +533,7 @@ def test_p2_a_review_whose_rebuild_fails_keeps_its_rows_and_the_next_review_repa
     conv = reviewing.conversation("agent", "faults", "1", owner_id="ana")
     conv.append_user("I live in Porto")
     model_server.reply_json(ops(add("identity", "city", "Lives in Porto")))
-    path = files.file_path(Home(home), "agent", "user_md", "ana")
+    path = disk.file_path(Home(home), "agent", "user_md", "ana")
     (path / "in-the-way").mkdir(parents=True)
     result = reviewing.review(conv)
     # The rows were committed before the rebuild: the review applied, its files lag.
@@ -578,7 +577,7 @@ def test_c5_an_old_temporary_file_of_a_killed_write_is_removed_at_start_a_new_on
     old, new = folder / ".USER.md.killed.tmp", folder / ".MEMORY.md.writing.tmp"
     for path in (old, new):
         path.write_text("half a file")
-    hour_ago = time.time() - files.TEMP_GRACE_S - 1
+    hour_ago = time.time() - disk.TEMP_GRACE_S - 1
     os.utime(old, (hour_ago, hour_ago))
     with Memory(home) as memory:
         settled(memory)
@@ -595,11 +594,11 @@ def test_c5_only_temporary_files_of_prompt_files_past_the_grace_are_orphans(
     kept = [owners / "USER.md", owners / ".rebuild.lock", owners / ".notes.tmp"]
     for path in orphans + kept:
         path.write_text("x")
-    later = time.time() + files.TEMP_GRACE_S + 1
-    assert files.remove_orphan_temp_files(Home(home), now=later) == 2
+    later = time.time() + disk.TEMP_GRACE_S + 1
+    assert disk.remove_orphan_temp_files(Home(home), now=later) == 2
     assert [p.exists() for p in orphans] == [False, False]
     assert all(p.exists() for p in kept)
-    assert files.remove_orphan_temp_files(Home(home), now=later) == 0
+    assert disk.remove_orphan_temp_files(Home(home), now=later) == 0
 
 
 def test_p2_a_rollback_is_kept_by_the_repair_at_start(home: Path) -> None:

@@ -23,8 +23,8 @@ from fermix.core import categories, commands, review_admission, review_answer
 from fermix.errors import ConfigError, FermixError, InvalidInputError, ReviewOutputError
 from fermix.home import Home
 from fermix.model import MemoryRow
-from fermix.runtime.files import prompt_dir
 from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files.disk import prompt_dir
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
 from fermix.storage.sqlite.connection import fetch_rows

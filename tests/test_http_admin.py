@@ -28,7 +28,7 @@ from fermix.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from fermix.home import Home
 from fermix.model import JobCaller
 from fermix.remote import Client
-from fermix.runtime import files
+from fermix.runtime.prompt_files import disk
 from fermix.server.http.app import create_app
 
 pytestmark = pytest.mark.keep_actors
@@ -314,7 +314,7 @@ def test_n2_rollback_needs_an_operator_token_and_a_host_token_changes_nothing(
     assert rolled.status_code == 200, rolled.text
     assert rolled.json()["reason"] == "rollback:1" and "green tea" in rolled.json()["content"]
     assert rolled.json()["revision"] == before["revision"] + 1
-    user_md, _ = files.paths(Home(site.home), "bot", "alice")
+    user_md, _ = disk.paths(Home(site.home), "bot", "alice")
     assert "green tea" in user_md.read_text(encoding="utf-8")
 
 

@@ -25,8 +25,7 @@ from fermix.cli.doctor_checks import outcome
 from fermix.clock import now_ms
 from fermix.core import categories
 from fermix.home import Home
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.storage import Writes
 from fermix.storage.sqlite.database import Database
 
@@ -131,12 +130,12 @@ def test_m10_rebuilt_prompt_files_their_temporary_files_and_their_folders_are_ow
             synced.append(stat.S_IMODE(os.fstat(fd).st_mode))
             real_fsync(fd)
 
-        monkeypatch.setattr(files.os, "fsync", fsync)
+        monkeypatch.setattr(disk.os, "fsync", fsync)
         PromptFiles(fresh_home, db).rebuild_agent(AGENT)
         monkeypatch.undo()
     finally:
         db.close()
-    written = [files.paths(fresh_home, AGENT, owner)[0] for owner in OWNERS]  # USER.md
+    written = [disk.paths(fresh_home, AGENT, owner)[0] for owner in OWNERS]  # USER.md
     assert all(p.exists() for p in written)
     assert _open_to_others(_tree(fresh_home.root / "memory")) == {}
     assert {_mode(p) for p in written} == {0o600}
@@ -179,7 +178,7 @@ def test_m10_doctor_warns_about_a_0644_database_and_a_0755_home_and_fix_makes_th
     check, _ = _permissions(fresh_home)
     assert check.status == "pass"  # what fermix created is owner-only
 
-    user_md = files.paths(fresh_home, AGENT, "alice")[0]
+    user_md = disk.paths(fresh_home, AGENT, "alice")[0]
     loosened = {
         fresh_home.root: 0o755,
         fresh_home.db_path: 0o644,

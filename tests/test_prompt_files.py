@@ -20,9 +20,14 @@ from fermix.core import categories
 from fermix.errors import FermixError, InvalidInputError, NotFoundError, UnsafePathSegmentError
 from fermix.home import Home
 from fermix.model import ConversationKey, MemoryRow, NewMessage
-from fermix.runtime import prompt_files
-from fermix.runtime.files import FileCache, file_path, prompt_dir, write_atomic
-from fermix.runtime.prompt_files import PromptFiles, RebuildResult
+from fermix.runtime.prompt_files import PromptFiles, RebuildResult, rebuilding
+from fermix.runtime.prompt_files.disk import (
+    FileCache,
+    PairLocks,
+    file_path,
+    prompt_dir,
+    write_atomic,
+)
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
 from fermix.storage.sqlite.connection import raw_connect
@@ -338,7 +343,7 @@ def test_c5_a_row_written_while_a_rebuild_renders_is_in_the_files_it_leaves(
     revision and the file are rendered again under the write lock."""
     remember(db, "interest", "a", "Likes chess")
     other = Database(fermix_home.db_path)
-    real_render = prompt_files.render_pair
+    real_render = rebuilding.render_pair
     calls: list[int] = []
 
     def render_then_another_process_writes(*args: object) -> object:
@@ -349,7 +354,7 @@ def test_c5_a_row_written_while_a_rebuild_renders_is_in_the_files_it_leaves(
         return rendered
 
     # A timing seam only: the render itself is the real one, and so is the storage.
-    monkeypatch.setattr(prompt_files, "render_pair", render_then_another_process_writes)
+    monkeypatch.setattr(rebuilding, "render_pair", render_then_another_process_writes)
     try:
         result = files.rebuild("bot")
     finally:
@@ -587,3 +592,37 @@ def test_c5_a_new_owner_sees_the_agents_shared_rows_on_the_first_compose(fermix_
         newcomer = memory.conversation("bot", "cli", "9", owner_id="newcomer")
         system = "\n".join(m["content"] for m in newcomer.compose("sys") if m["role"] == "system")
         assert "Answers in a friendly tone" in system
+
+
+def test_c5_p1_a_new_owner_s_first_compose_renders_in_memory_and_its_rebuild_writes_later(
+    fermix_home: Home, db: Database, files: PromptFiles
+) -> None:
+    def shared(w: Writes) -> list[MemoryRow]:
+        return [
+            w.upsert_row(
+                agent_id="bot",
+                owner_id="",
+                scope=categories.agent_scope("bot"),
+                category="context",
+                key="office",
+                value="The office opens at nine",
+                promote_target="memory_md",
+            )
+        ]
+
+    db.write(shared, label="seed")  # no rebuild: nobody has files yet
+    commits = db.commits
+    folder = prompt_dir(fermix_home, "bot", "newcomer")
+    with PairLocks().hold(folder):  # as another process would: the queued rebuild waits
+        for _ in range(2):
+            assert "opens at nine" in files.texts("bot", "newcomer")[1]
+        assert files.pending(("bot", "newcomer"))
+        assert db.commits == commits and current(db, "memory_md", "newcomer") is None
+        assert on_disk(fermix_home, "bot", "newcomer") == ("", "")
+    files.settle()  # the queued rebuild, off the compose's path, writes them
+    assert db.commits > commits
+    assert "opens at nine" in on_disk(fermix_home, "bot", "newcomer")[1]
+    assert current(db, "memory_md", "newcomer") is not None
+    commits = db.commits
+    assert files.texts("bot", "newcomer") == on_disk(fermix_home, "bot", "newcomer")
+    assert db.commits == commits and files.queued == 0

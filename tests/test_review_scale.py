@@ -31,8 +31,7 @@ from fermix.core.review import CUT_MARK, ReviewResult, Skip, pack_backlog, pick_
 from fermix.core.review_answer import NOTHING_TO_SAVE
 from fermix.home import Home
 from fermix.model import ConversationKey, ConversationState, MemoryRow, Message, NewMessage
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
@@ -473,7 +472,7 @@ def test_m6_a_shared_row_rebuilds_this_owner_at_once_and_other_owners_later_or_o
     held, release = threading.Event(), threading.Event()
 
     def hold_bob() -> None:
-        with files.PairLocks().hold(files.prompt_dir(fermix_home, "agent", "bob")):
+        with disk.PairLocks().hold(disk.prompt_dir(fermix_home, "agent", "bob")):
             held.set()
             release.wait(WAIT_S)
 
@@ -491,16 +490,88 @@ def test_m6_a_shared_row_rebuilds_this_owner_at_once_and_other_owners_later_or_o
         assert six in rig.files.texts("agent", "alice")[1]  # this owner: at once
         assert six in rig.files.texts("agent", "")[1]
         assert rig.files.queued >= 2  # bob (waiting) and carol, dave
-        assert six in rig.files.texts("agent", "carol")[1]  # rebuilt on its compose
+        assert six in rig.files.texts("agent", "carol")[1]  # rendered on its compose
         assert six in other.texts("agent", "dave")[1]  # another process sees the marker
     finally:
         release.set()
         holder.join(WAIT_S)
     rig.files.settle()
     assert rig.files.queued == 0
-    path = files.file_path(fermix_home, "agent", "memory_md", "bob")
+    path = disk.file_path(fermix_home, "agent", "memory_md", "bob")
     assert six in path.read_text("utf-8")
     assert rig.files.stale() == []
+
+
+def _on_disk(home: Home, owner: str) -> list[tuple[bytes, int] | None]:
+    """Each prompt file of ``owner``'s: its bytes and modification time, or None."""
+    found = []
+    for path in disk.paths(home, "agent", owner):
+        found.append((path.read_bytes(), path.stat().st_mtime_ns) if path.exists() else None)
+    return found
+
+
+def test_m6_p1_compose_is_a_pure_read_it_serves_rows_whose_rebuild_is_queued_and_writes_nothing(
+    make_rig: Callable[..., Rig], model_server: ModelServer, home: Path
+) -> None:
+    """A review's shared row queues the other owners' rebuilds; until the background thread
+    gets there, their compose (in this process and in another) shows the fresh rows, with no
+    commit, no revision and no file written; then the queued rebuilds write them."""
+    rig = make_rig()
+    owners = ["bob", "carol"]
+    for owner in ["alice", *owners]:
+        rig.writer.write_rows(
+            fact("identity", "name", f"Called {owner}", owner_id=owner), label="seed"
+        )
+    fermix_home = Home(home)
+    other = PromptFiles(fermix_home, rig.db)  # another process's view of the same files
+    for owner in owners:
+        assert f"Called {owner}" in other.texts("agent", owner)[0]
+    rig.say(KEY, "Rule for everyone: the office closes at six")
+    six = "The office closes at six"
+    model_server.reply_json(
+        {"operations": [{"op": "add", "category": "context", "key": "hours", "value": six}]}
+    )
+    # Another process holds bob's files: the background rebuilds wait at bob, first in line.
+    held, release = threading.Event(), threading.Event()
+
+    def hold_bob() -> None:
+        with disk.PairLocks().hold(disk.prompt_dir(fermix_home, "agent", "bob")):
+            held.set()
+            release.wait(WAIT_S)
+
+    holder = threading.Thread(target=hold_bob)
+    holder.start()
+    try:
+        assert held.wait(WAIT_S)
+        assert rig.reviewing.review(KEY).status == "applied"
+        assert rig.files.pending(("agent", "bob")) and rig.files.pending(("agent", "carol"))
+        before = {owner: _on_disk(fermix_home, owner) for owner in owners}
+        with reading(home) as reads:
+            revisions = {
+                owner: reads.current_revision("agent", "memory_md", owner_id=owner)
+                for owner in owners
+            }
+        commits = rig.db.commits
+        for _ in range(3):
+            for owner in owners:
+                assert six in rig.files.texts("agent", owner)[1]  # queued here
+                assert six in other.texts("agent", owner)[1]  # the marker tells
+        assert rig.db.commits == commits
+        assert {owner: _on_disk(fermix_home, owner) for owner in owners} == before
+        for owner in owners:  # no MEMORY.md on disk yet: the compose created none
+            assert before[owner][1] is None
+        with reading(home) as reads:
+            for owner in owners:
+                now = reads.current_revision("agent", "memory_md", owner_id=owner)
+                assert now == revisions[owner]  # no revision recorded by a compose
+    finally:
+        release.set()
+        holder.join(WAIT_S)
+    rig.files.settle()
+    for owner in owners:
+        assert six in disk.file_path(fermix_home, "agent", "memory_md", owner).read_text("utf-8")
+    assert rig.files.stale() == []
+    assert rig.db.commits > commits
 
 
 def test_m6_a_forced_review_returns_with_every_owner_s_files_rebuilt(
@@ -522,5 +593,5 @@ def test_m6_a_forced_review_returns_with_every_owner_s_files_rebuilt(
     assert rig.reviewing.review(KEY, force=True).status == "applied"
     assert rig.files.queued == 0
     for owner in ["", "alice", "bob", "carol"]:
-        path = files.file_path(Home(home), "agent", "memory_md", owner)
+        path = disk.file_path(Home(home), "agent", "memory_md", owner)
         assert "Answers in English" in path.read_text("utf-8")

@@ -48,8 +48,7 @@ from fermix.model import (
     Message,
     NewMessage,
 )
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
 from fermix.storage.sqlite.connection import fetch_rows
@@ -176,7 +175,7 @@ def snapshot(home: Path) -> dict[str, Any]:
 
 
 def prompt_text(home: Path, name: str, *, agent_id: str = "agent", owner_id: str = "") -> str:
-    path = files.file_path(Home(home), agent_id, name, owner_id)
+    path = disk.file_path(Home(home), agent_id, name, owner_id)
     return path.read_text() if path.exists() else ""
 
 
@@ -851,7 +850,7 @@ def test_e2_a_review_whose_claim_was_taken_over_meanwhile_writes_nothing(
 def test_c5_a_failed_rebuild_keeps_the_review_and_the_next_review_repairs_the_files(
     rig: Rig, model_server: ModelServer, home: Path
 ) -> None:
-    blocker = files.prompt_dir(Home(home), "agent", "alice")
+    blocker = disk.prompt_dir(Home(home), "agent", "alice")
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where alice's folder goes")
     conv = rig.conversation("1", owner_id="alice")

@@ -40,8 +40,7 @@ from fermix.core.review import Skip
 from fermix.core.review_answer import NOTHING_TO_SAVE
 from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles, render_pair
+from fermix.runtime.prompt_files import PromptFiles, disk, render_pair
 from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.writer import Writer
 from fermix.storage.sqlite.connection import transaction
@@ -282,8 +281,9 @@ def test_b2_p1_a_memory_written_through_one_service_shows_in_another_s_user_md_a
     a.writer.write_rows(fact("identity", "city", "Lives in Lisbon", owner_id="alice"), label="w")
     text = _user_md(b)
     assert "Lives in Lisbon" in text and "Porto" not in text
-    # the files on disk follow what is served, in each home
-    assert files.paths(b.home, AGENT, "alice")[0].read_text() == text
+    # the files on disk follow what is served, in each home, off the compose's path
+    b.files.settle()
+    assert disk.paths(b.home, AGENT, "alice")[0].read_text() == text
     # a rollback through B is what A composes next (P2)
     rolled = b.files.rollback(AGENT, "user_md", 1, owner_id="alice")
     assert "Porto" in rolled.content and _user_md(a) == rolled.content
@@ -295,6 +295,7 @@ def test_b2_a_new_owner_s_files_render_the_agent_s_shared_rows_in_any_service(
     a, b = services(), services()
     a.db.write(fact("context", "office", "The office opens at nine"))  # no rebuild yet
     assert "opens at nine" in b.files.texts(AGENT, "guest")[1]
+    b.files.settle()  # its rebuild was queued, off the compose's path
     with a.db.read() as reads:
         current = reads.current_revision(AGENT, "memory_md", owner_id="guest")
     assert current is not None and "opens at nine" in current.content
@@ -308,7 +309,8 @@ def test_b2_on_postgres_the_stored_revision_is_the_file_and_the_disk_only_a_cach
     a, b = services(), services()
     a.writer.write_rows(fact("identity", "name", "Ana", owner_id="alice"), label="w")
     served = _user_md(b)
-    path = files.paths(b.home, AGENT, "alice")[0]
+    b.files.settle()  # the file on disk follows on the background thread
+    path = disk.paths(b.home, AGENT, "alice")[0]
     path.write_text("edited by hand")
     assert _user_md(b) == served  # served from the store, not the file
     assert b.files.stale() == []  # a file on disk that differs is no lag of the store

@@ -46,8 +46,7 @@ from fermix.api import Memory
 from fermix.clock import now_ms
 from fermix.core.review import CLAIM_TTL_MS
 from fermix.home import Home
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.storage.integrity import FTS_TABLES
 from fermix.storage.sqlite import conversations
 from fermix.storage.sqlite.connection import fetch_rows, fetch_value
@@ -289,7 +288,7 @@ def check_after_start(home: Path) -> int:
                 " JOIN resource_revisions AS r"
                 " ON r.resource_id = s.id AND r.revision = s.current_revision",
             ):
-                path = files.file_path(Home(home), agent_id, name, owner_id)
+                path = disk.file_path(Home(home), agent_id, name, owner_id)
                 on_disk = path.read_text(encoding="utf-8") if path.exists() else ""
                 assert on_disk == content, f"{path} is not its current revision"
             for state in conversations.list_states(conn):

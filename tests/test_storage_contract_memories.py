@@ -564,7 +564,7 @@ def test_a_nul_character_in_a_row_or_a_file_is_invalid_input_on_postgres(
 
 
 def _rollback(db: Store, number: int, owner: str = "") -> tuple[str, Revision | None]:
-    """The rollback unit of fermix/runtime/prompt_files.py: an old revision's content
+    """The rollback unit of fermix/runtime/prompt_files/rebuilding.py: an old revision's content
     recorded again as the next revision (``rollback:N``)."""
 
     def unit(w: Any) -> tuple[str, Revision | None]:

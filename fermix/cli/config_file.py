@@ -138,7 +138,7 @@ def write_document(path: Path, document: tomlkit.TOMLDocument) -> None:
     A new file is owner-only, 0600 whatever the umask, in a 0700 home if the home is new
     (M10); an existing file keeps its mode (a looser one is for ``fermix doctor`` to name).
     """
-    from fermix.runtime.files import write_atomic
+    from fermix.runtime.prompt_files.disk import write_atomic
 
     try:
         mode: int | None = stat.S_IMODE(path.stat().st_mode)

@@ -4,8 +4,8 @@
 (requests to the pooled Reviewers and Compactors), :mod:`~fermix.runtime.timer` (the
 periodic sweep and passivation), :mod:`~fermix.runtime.windows` (what conversation actors
 read); :mod:`~fermix.runtime.writer` is the one write path;
-:mod:`~fermix.runtime.prompt_files` rebuilds USER.md and MEMORY.md through it,
-:mod:`~fermix.runtime.deferred` the other owners' rebuilds later;
+:mod:`~fermix.runtime.prompt_files` holds the prompt files, USER.md and MEMORY.md,
+rebuilt through it (other owners' on a background thread) and read purely;
 :mod:`~fermix.runtime.registry` finds and passivates conversation actors;
 :mod:`~fermix.runtime.reviewing` (with ``review_inputs`` and ``review_apply``),
 :mod:`~fermix.runtime.compacting`, :mod:`~fermix.runtime.recall` and

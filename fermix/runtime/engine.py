@@ -46,11 +46,10 @@ from fermix.model import (
     NewMessage,
     PendingAppend,
 )
-from fermix.runtime import files
 from fermix.runtime.compacting import Compacting
 from fermix.runtime.indexing import Indexer
 from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
-from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.prompt_files import PromptFiles, disk
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
 from fermix.runtime.reviewing import SWEEP_AGAIN_S, SWEEP_CLAIMS_PER_WORKER, Reviewing
 from fermix.runtime.timer import Timer
@@ -120,7 +119,7 @@ class Runtime:
         with self._lock:
             if self._started:
                 return
-            files.make_private_dir(self.home.root)
+            disk.make_private_dir(self.home.root)
             self.db: Storage = open_storage(self.home, self.config, vfs=self._vfs)
             try:
                 self._start_tree()
@@ -192,8 +191,8 @@ class Runtime:
             raise
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the sweep and the tree gracefully (queued writes finish first), then close
-        the database."""
+        """Stop the sweep and the tree gracefully (queued writes and prompt-file rebuilds
+        finish first), then close the database."""
         with self._lock:
             if not self._started or self._closed:
                 self._closed = True
@@ -205,6 +204,7 @@ class Runtime:
                 self.indexer.stop(timeout)
             self.registry.stop()
             self.tree.stop(timeout=timeout)
+            self.files.settle()  # prompt-file rebuilds queued by reviews and composes
         finally:
             self.db.close()
 

@@ -8,8 +8,7 @@ from typing import Any
 from fermix.cli.doctor_checks.outcome import Check
 from fermix.core import render
 from fermix.home import Home
-from fermix.runtime import files
-from fermix.runtime.prompt_files import PromptFiles, render_pair
+from fermix.runtime.prompt_files import PromptFiles, disk, render_pair
 from fermix.storage import Reads, Storage
 
 
@@ -27,7 +26,7 @@ def stale_prompt_files(home: Home, db: Storage) -> tuple[int, int, list[dict[str
     with db.read() as reads:
         for agent_id in reads.memory_agents():
             for owner_id in reads.memory_owners(agent_id):
-                if not files.has_files(agent_id, owner_id):
+                if not disk.has_files(agent_id, owner_id):
                     continue  # ids that cannot name a folder have no prompt files
                 compared += len(render.FILES)
                 if (agent_id, owner_id) in stale:
@@ -41,13 +40,13 @@ def stale_prompt_files(home: Home, db: Storage) -> tuple[int, int, list[dict[str
 
 def _stale_files(home: Home, reads: Reads, agent_id: str, owner_id: str) -> list[dict[str, Any]]:
     """The files of one stale pair that lag, each with its state."""
-    folder = files.prompt_dir(home, agent_id, owner_id)
+    folder = disk.prompt_dir(home, agent_id, owner_id)
     found = []
     rendered = render_pair(reads, agent_id, owner_id)
     for spec, text in zip(render.FILES, rendered, strict=True):
         path = folder / spec.filename
         current = reads.current_revision(agent_id, spec.name, owner_id=owner_id)
-        on_disk = files.read_bytes(path)
+        on_disk = disk.read_bytes(path)
         if not render.file_lags(text, current, on_disk):
             continue
         if on_disk is None:

@@ -1,6 +1,6 @@
 """USER.md and MEMORY.md of one agent and owner, rendered from the rows a session reads now
 (C5): the reads of :class:`~fermix.runtime.prompt_files.PromptFiles`' rebuilds, its
-staleness checks and ``fermix doctor``."""
+in-memory renders while files lag, its staleness checks and ``fermix doctor``."""
 
 from __future__ import annotations
 

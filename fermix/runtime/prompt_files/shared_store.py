@@ -5,7 +5,8 @@ Several services, each with its own home, compose from one PostgreSQL store. A f
 disk says nothing of a rebuild another service made, so a compose reads the pair's current
 revision numbers (by the resources' key) and serves each revision's content, read once per
 number: a revision never changes, and its number only grows. The files on disk follow the
-revisions this process sees, never going back to an older one.
+revisions this process sees, on the background thread and never going back to an older one;
+a compose writes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from fermix.core.render import FILES
 from fermix.home import Home
-from fermix.runtime import files
+from fermix.runtime.prompt_files import disk
 from fermix.storage import Reads
 
 log = logging.getLogger(__name__)
@@ -74,26 +75,35 @@ class StoredRevisions:
         with self._lock:
             self._on_disk[path] = max(number, self._on_disk.get(path, -1))
 
+    def lags_on_disk(
+        self, home: Home, pair: tuple[str, str], current: tuple[Current, Current]
+    ) -> bool:
+        """Whether a file of ``pair`` on disk may hold an older revision than ``current``
+        (no file access: what this process wrote is known)."""
+        paths = disk.paths(home, *pair)
+        return any(self.behind(p, n) for p, (n, _) in zip(paths, current, strict=True))
+
     def follow_on_disk(
         self,
         home: Home,
-        locks: files.PairLocks,
+        locks: disk.PairLocks,
         pair: tuple[str, str],
         current: tuple[Current, Current],
     ) -> None:
         """Bring the files of ``pair`` on disk to the revisions ``current`` if they hold
-        older ones, under the pair's lock. They are a cache: a failure is logged, never
-        raised into the compose, and the next compose tries again."""
-        paths = files.paths(home, *pair)
-        if not any(self.behind(p, n) for p, (n, _) in zip(paths, current, strict=True)):
+        older ones, under the pair's lock (on the background thread, never a compose's).
+        They are a cache: a failure is logged, never raised, and the next compose that
+        finds them behind queues another try."""
+        if not self.lags_on_disk(home, pair, current):
             return
+        paths = disk.paths(home, *pair)
         try:
             with locks.hold(paths[0].parent):
                 for path, (number, text) in zip(paths, current, strict=True):
                     if not self.behind(path, number):
                         continue  # a rebuild here wrote it meanwhile, as new or newer
-                    if files.read_bytes(path) != text.encode("utf-8") and (text or path.exists()):
-                        files.write_atomic(path, text)
+                    if disk.read_bytes(path) != text.encode("utf-8") and (text or path.exists()):
+                        disk.write_atomic(path, text)
                     self.wrote(path, number)
         except OSError as exc:
             log.warning("prompt files of %s/%r not written to disk: %s", *pair, exc)

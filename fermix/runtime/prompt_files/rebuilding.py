@@ -4,14 +4,14 @@ The files are derived artifacts (S1). A rebuild of one agent and owner renders t
 records a revision of resource ``user_md`` or ``memory_md`` when a file's content changes
 (one write unit through the process's writer, re-rendered under the write lock if a memory
 row changed meanwhile), and only then, outside the database's write lock, replaces the files
-whose bytes differ (M6). The pair's lock (:class:`~fermix.runtime.files.PairLocks`) orders
-rebuilds of the same files across threads and processes, so a file never goes back to an
+whose bytes differ (M6). The pair's lock (:class:`~.disk.PairLocks`) orders rebuilds of
+the same files across threads and processes, so a file never goes back to an
 older rendering. A fault that can pass is retried; one that persists is a
 :class:`~fermix.errors.WriteFailedError`, and :meth:`PromptFiles.repair` renders the files
 again later.
 
 On a shared store (PostgreSQL, B2) the stored revisions are the files: a compose serves
-the pair's current revisions (:mod:`~fermix.runtime.stored_files`), so every service
+the pair's current revisions (:mod:`~fermix.runtime.prompt_files.shared_store`), so every service
 composes the same prompt, and a rebuild takes the pair's lock in the store
 (``Writes.lock_owner``) before it renders, inside its write unit, so a revision never goes
 back to older rows whichever service records it.
@@ -19,8 +19,12 @@ back to older rows whichever service records it.
 A shared row renders for every owner of its agent. After a review writes one, the
 conversation's own owner (and the agent's default owner ``""``) are rebuilt at once and
 every other owner later (M6, :meth:`PromptFiles.rebuild_for_rows` with ``defer_shared``):
-:mod:`~fermix.runtime.deferred` queues those rebuilds for a background thread and marks
+:mod:`~fermix.runtime.prompt_files.deferred` queues those rebuilds for a background thread and marks
 the agent for other processes.
+
+Reading is pure (P1, :meth:`PromptFiles.texts`): a compose never commits, fsyncs or writes a
+file. Where the files lag the rows it serves the rows rendered in memory, once per version
+of the rows; the rebuild, its revision and its files stay on the writer's side.
 """
 
 from __future__ import annotations
@@ -39,11 +43,16 @@ from fermix.core.render import FILES, FileSpec, RenderedFiles
 from fermix.errors import WriteFailedError
 from fermix.home import Home
 from fermix.model import MemoryRow, Revision, check_resource_name
-from fermix.runtime import files
-from fermix.runtime.deferred import DeferredRebuilds, Pair, has_files, read_mark
-from fermix.runtime.rendering import load_rows as load_rows  # still offered here
-from fermix.runtime.rendering import render_pair as render_pair
-from fermix.runtime.stored_files import StoredRevisions
+from fermix.runtime.prompt_files import disk
+from fermix.runtime.prompt_files.deferred import (
+    FOLLOW,
+    DeferredRebuilds,
+    Pair,
+    has_files,
+    read_mark,
+)
+from fermix.runtime.prompt_files.rendering import render_pair
+from fermix.runtime.prompt_files.shared_store import StoredRevisions
 from fermix.storage import Reads, Storage, Writes
 
 log = logging.getLogger(__name__)
@@ -87,55 +96,83 @@ class RebuildResult:
         return any(f.written or f.revision is not None for f in self.files)
 
 
-class PromptFiles(DeferredRebuilds):
-    """The prompt files of one home, rebuilt through the process's one writer."""
+class PromptFiles:
+    """The prompt files of one home: rebuilt through the process's one writer, read purely."""
 
     def __init__(self, home: Home, db: Storage) -> None:
         self.home = home
         self._db = db
-        self._locks = files.PairLocks()
-        self._cache = files.FileCache()
-        self._state = threading.Condition()
+        self._locks = disk.PairLocks()
+        self._cache = disk.FileCache()
+        self._deferred = DeferredRebuilds(home, self._run)
+        self._lock = threading.Lock()
         self._seen: dict[Pair, object] = {}
         """Each pair composed, and the agent's marker when its files were last checked."""
-        self._later: dict[Pair, str] = {}
-        """Rebuilds queued (M6), oldest first, with their reason."""
-        self._running = 0
-        self._thread: threading.Thread | None = None
-        self._failed: set[str] = set()
+        self._renders: dict[Pair, tuple[int, RenderedFiles]] = {}
+        """Renders served while a pair's files lag, by the rows' version (never written)."""
         self._stored = StoredRevisions() if db.shared else None
         """On a shared store, the revisions served (B2); None: the files on disk are."""
+
+    # -- the rebuilds deferred (M6) ---------------------------------------------------
+
+    def defer(self, pairs: Iterable[Pair], *, reason: str = "rebuild") -> int:
+        """Queue rebuilds of ``pairs`` for the background thread and mark their agents for
+        other processes; returns how many are new (:meth:`DeferredRebuilds.defer`)."""
+        return self._deferred.defer(pairs, reason=reason)
+
+    def pending(self, pair: Pair) -> bool:
+        """Whether a rebuild of ``pair`` is queued or running here (its files may lag)."""
+        return self._deferred.pending(pair)
+
+    @property
+    def queued(self) -> int:
+        """Prompt-file jobs queued or running on the background thread."""
+        return self._deferred.queued
+
+    def settle(self) -> int:
+        """Run every queued job on this thread and wait for the background thread's
+        current one; returns how many this call ran."""
+        return self._deferred.settle()
+
+    def take_failed_agents(self) -> set[str]:
+        """The agents whose queued rebuild failed since the last call (for a repair)."""
+        return self._deferred.take_failed_agents()
 
     # -- reading ----------------------------------------------------------------------
 
     def texts(self, agent_id: str, owner_id: str = "") -> tuple[str, str]:
         """The current USER.md and MEMORY.md of ``agent_id`` for ``owner_id`` (P1).
 
-        An owner seen for the first time gets its files rendered first: rebuilds after a
-        memory write cover the owners that already have files, and a new owner (a new
-        guest, say) must still see the agent's shared rows. An owner whose rebuild is
-        queued here is rebuilt now; when another process queued rebuilds of this agent
-        (its marker changed), the files are checked against the rows and rebuilt if they
-        lag (M6). Otherwise the files are read through the cache, with no database read.
-        On a shared store, the pair's current revisions are served instead (B2).
+        A pure read: it never commits, fsyncs or writes a file; at most it queues a rebuild
+        for the background thread. Where the files on disk lag the rows, it renders the
+        rows in memory (once per version of the rows) and serves that: for an owner whose
+        rebuild is queued here (M6), an owner seen for the first time with no files (a new
+        guest must still see the agent's shared rows), and an owner whose files lag after
+        another process queued rebuilds of this agent (its marker changed). Otherwise the
+        files are read through the cache, with no database read. On a shared store, the
+        pair's current revisions are served instead (B2).
         """
-        files.check_ids(agent_id, owner_id)
+        disk.check_ids(agent_id, owner_id)
         if self._stored is not None:
             return self._stored_texts(agent_id, owner_id, self._stored)
-        mark = read_mark(files.prompt_dir(self.home, agent_id))
+        mark = read_mark(disk.prompt_dir(self.home, agent_id))
         pair = (agent_id, owner_id)
-        with self._state:
-            reason = self._later.pop(pair, None)
+        if self.pending(pair):
+            return self._rendered(pair)
+        with self._lock:
             seen = self._seen.get(pair, _UNSEEN)
-        if reason is not None:
-            self._rebuild_queued(pair, reason)
-        elif seen is _UNSEEN and not any(
-            p.exists() for p in files.paths(self.home, agent_id, owner_id)
+        if seen is _UNSEEN and not any(
+            p.exists() for p in disk.paths(self.home, agent_id, owner_id)
         ):
-            self.rebuild(agent_id, owner_id)
-        elif seen != mark and mark is not None and self._pair_lags(agent_id, owner_id):
-            self.rebuild(agent_id, owner_id, reason="repair")
-        with self._state:
+            with self._lock:
+                self._seen[pair] = mark
+            self._deferred.queue([pair], "rebuild")
+            return self._rendered(pair)
+        if seen != mark and mark is not None:
+            lagging = self._lagging(pair)
+            if lagging is not None:
+                return lagging  # checked again next time, until the files catch up
+        with self._lock:
             self._seen[pair] = mark
         return self._cache.texts(self.home, agent_id, owner_id)
 
@@ -143,26 +180,61 @@ class PromptFiles(DeferredRebuilds):
         self, agent_id: str, owner_id: str, stored: StoredRevisions
     ) -> tuple[str, str]:
         """:meth:`texts` on a shared store: the pair's current revisions, one read by key
-        (B2). An owner no service has rendered yet is rendered first, as on SQLite."""
+        (B2). An owner no service has rendered yet is rendered in memory, as on SQLite, and
+        the files on disk follow on the background thread."""
         pair = (agent_id, owner_id)
-        with self._state:
-            reason = self._later.pop(pair, None)
+        if self.pending(pair):
+            return self._rendered(pair)
+        with self._lock:
             seen = pair in self._seen
-        if reason is not None:
-            self._rebuild_queued(pair, reason)
         with self._db.read() as reads:
             user, memory = stored.current(reads, agent_id, owner_id)
-        with self._state:
+        with self._lock:
             self._seen[pair] = None
         if not seen and user[0] == memory[0] == 0:
-            rebuilt = self.rebuild(agent_id, owner_id)
-            return rebuilt.user_md.content, rebuilt.memory_md.content
-        stored.follow_on_disk(self.home, self._locks, pair, (user, memory))
+            self._deferred.queue([pair], "rebuild")
+            return self._rendered(pair)
+        if stored.lags_on_disk(self.home, pair, (user, memory)):
+            self._deferred.queue([pair], FOLLOW)
         return user[1], memory[1]
 
-    def _pair_lags(self, agent_id: str, owner_id: str) -> bool:
+    def _rendered(self, pair: Pair) -> RenderedFiles:
+        """Both files of ``pair`` rendered from the rows now, in memory: one read of the
+        rows' version, and a render only when it moved since the last."""
         with self._db.read() as reads:
-            return self._lags(reads, agent_id, owner_id)
+            version = reads.memory_version(*pair)
+            with self._lock:
+                known = self._renders.get(pair)
+            if known is not None and known[0] == version:
+                return known[1]
+            rendered = render_pair(reads, *pair)
+        with self._lock:
+            self._renders[pair] = (version, rendered)
+        return rendered
+
+    def _lagging(self, pair: Pair) -> RenderedFiles | None:
+        """The rendering of ``pair``'s rows when its files lag them, else None."""
+        rendered = self._rendered(pair)
+        with self._db.read() as reads:
+            if self._lags(reads, *pair, rendered):
+                return rendered
+        with self._lock:
+            self._renders.pop(pair, None)
+        return None
+
+    def _run(self, pair: Pair, reason: str | None) -> None:
+        """One queued job of :class:`~.deferred.DeferredRebuilds`, on its background thread:
+        a rebuild, or on a shared store the files on disk brought to the current revisions."""
+        try:
+            if reason is not None:
+                self.rebuild(*pair, reason=reason)
+            elif self._stored is not None:
+                with self._db.read() as reads:
+                    current = self._stored.current(reads, *pair)
+                self._stored.follow_on_disk(self.home, self._locks, pair, current)
+        finally:
+            with self._lock:
+                self._renders.pop(pair, None)
 
     # -- rebuilding -------------------------------------------------------------------
 
@@ -174,7 +246,7 @@ class PromptFiles(DeferredRebuilds):
         Rebuilding from unchanged rows changes neither the files nor the revisions; a file
         that was edited or rolled back on disk is written again with the rendered content.
         """
-        folder = files.prompt_dir(self.home, agent_id, owner_id)
+        folder = disk.prompt_dir(self.home, agent_id, owner_id)
         with self._locks.hold(folder):
             rendered: RenderedFiles | None = None
             version = 0
@@ -276,7 +348,7 @@ class PromptFiles(DeferredRebuilds):
         The new revision's reason is ``rollback:N``. The file stays a derived artifact: the
         next rebuild from unchanged rows writes the rendered content again.
         """
-        folder = files.prompt_dir(self.home, agent_id, owner_id)
+        folder = disk.prompt_dir(self.home, agent_id, owner_id)
         spec = render.file_spec(check_resource_name(name))
         with self._locks.hold(folder):
 
@@ -306,13 +378,16 @@ class PromptFiles(DeferredRebuilds):
                         found.append((agent, owner))
         return found
 
-    def _lags(self, reads: Reads, agent_id: str, owner_id: str) -> bool:
-        folder = files.prompt_dir(self.home, agent_id, owner_id)
-        rendered = render_pair(reads, agent_id, owner_id)
+    def _lags(
+        self, reads: Reads, agent_id: str, owner_id: str, rendered: RenderedFiles | None = None
+    ) -> bool:
+        folder = disk.prompt_dir(self.home, agent_id, owner_id)
+        if rendered is None:
+            rendered = render_pair(reads, agent_id, owner_id)
         for spec, text in zip(FILES, rendered, strict=True):
             current = reads.current_revision(agent_id, spec.name, owner_id=owner_id)
             if self._stored is None:
-                on_disk = files.read_bytes(folder / spec.filename)
+                on_disk = disk.read_bytes(folder / spec.filename)
             else:  # the files on disk are a cache: the stored revision is the file
                 on_disk = None if current is None else current.content.encode("utf-8")
             if render.file_lags(text, current, on_disk):
@@ -333,7 +408,7 @@ class PromptFiles(DeferredRebuilds):
 
     def remove_orphan_temp_files(self) -> int:
         """Delete temporary files that killed writes left behind; returns how many."""
-        return files.remove_orphan_temp_files(self.home)
+        return disk.remove_orphan_temp_files(self.home)
 
     # -- files on disk ----------------------------------------------------------------
 
@@ -342,7 +417,7 @@ class PromptFiles(DeferredRebuilds):
     ) -> FileResult:
         """:meth:`_replace` of the file ``spec`` of ``pair`` with ``content``, its current
         revision ``number`` (on a shared store, remembered as the one to serve)."""
-        path = files.prompt_dir(self.home, *pair) / spec.filename
+        path = disk.prompt_dir(self.home, *pair) / spec.filename
         result = self._replace(path, spec.name, content, revision)
         if self._stored is not None:
             self._stored.remember(*pair, spec.name, number, content)
@@ -357,10 +432,10 @@ class PromptFiles(DeferredRebuilds):
         data = content.encode("utf-8")
 
         def replace_if_changed() -> bool:
-            on_disk = files.read_bytes(path)
+            on_disk = disk.read_bytes(path)
             if on_disk == data or (on_disk is None and content == ""):
                 return False
-            files.write_atomic(path, content)
+            disk.write_atomic(path, content)
             return True
 
         try:
