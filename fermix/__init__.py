@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from fermix.model import ConversationKey, Message
     from fermix.remote import Client
     from fermix.stored import JobCaller
+    from fermix.surface import ConversationSurface, MemorySurface, ToolsSurface
 
 # Exported names are imported on first use, so ``fermix memory list`` and other commands
 # that need no actor or model start fast.
@@ -50,6 +51,9 @@ _HOMES = {
     "JobRun": "fermix.stored",
     "MemoryRow": "fermix.model",
     "ScheduledJob": "fermix.stored",
+    "ConversationSurface": "fermix.surface",
+    "MemorySurface": "fermix.surface",
+    "ToolsSurface": "fermix.surface",
 }
 
 
@@ -70,6 +74,7 @@ __all__ = [
     "ConfigError",
     "Conversation",
     "ConversationKey",
+    "ConversationSurface",
     "FermixError",
     "Home",
     "InvalidInputError",
@@ -77,12 +82,14 @@ __all__ = [
     "JobRun",
     "Memory",
     "MemoryRow",
+    "MemorySurface",
     "Message",
     "ModelError",
     "NotFoundError",
     "ScheduledJob",
     "SchemaTooNewError",
     "StorageError",
+    "ToolsSurface",
     "WriteFailedError",
     "load_config",
 ]
