@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from fermix.home import Home
     from fermix.model import ConversationKey, JobCaller, Message
     from fermix.remote import Client
+    from fermix.surface import ConversationSurface, MemorySurface, ToolsSurface
 
 # Exported names are imported on first use, so ``fermix memory list`` and other commands
 # that need no actor or model start fast.
@@ -49,6 +50,9 @@ _HOMES = {
     "JobRun": "fermix.model",
     "MemoryRow": "fermix.model",
     "ScheduledJob": "fermix.model",
+    "ConversationSurface": "fermix.surface",
+    "MemorySurface": "fermix.surface",
+    "ToolsSurface": "fermix.surface",
 }
 
 
@@ -69,6 +73,7 @@ __all__ = [
     "ConfigError",
     "Conversation",
     "ConversationKey",
+    "ConversationSurface",
     "FermixError",
     "Home",
     "InvalidInputError",
@@ -76,12 +81,14 @@ __all__ = [
     "JobRun",
     "Memory",
     "MemoryRow",
+    "MemorySurface",
     "Message",
     "ModelError",
     "NotFoundError",
     "ScheduledJob",
     "SchemaTooNewError",
     "StorageError",
+    "ToolsSurface",
     "WriteFailedError",
     "load_config",
 ]

@@ -16,6 +16,11 @@ with one exception: a :class:`~fermix.model.Message` carries ``metadata`` as a J
 rather than its stored ``metadata_json`` text, which is what a client wants to read.
 :func:`from_json` builds any of them back from their type hints, so this base module needs
 no import of the layers above that define result types (the reviewer's, the compactor's).
+
+The dataclass is the one definition of its JSON: :func:`wire_fields` says which fields a
+type carries and with what type hints, and the codec here, the server's response models
+(``fermix/server/http/wire_models.py``, hence the OpenAPI document) and the client all
+follow it, so a field added to the dataclass reaches all three without another edit.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import base64
 import binascii
 import dataclasses
 import enum
+import functools
 import json
+import operator
 import re
 import types
 import typing
@@ -57,6 +64,7 @@ __all__ = [
     "run_from_json",
     "state_from_json",
     "to_json",
+    "wire_fields",
 ]
 
 MAX_HANDLE_CHARS = 8192
@@ -126,11 +134,11 @@ def decode_handle(handle: str) -> tuple[ConversationKey, str, str]:
 
 
 def to_json(value: Any) -> Any:
-    """``value`` as JSON-ready data: dataclasses as dicts of their fields, recursively."""
-    if isinstance(value, Message):
-        return message_json(value)
+    """``value`` as JSON-ready data: dataclasses as dicts of their :func:`wire_fields`,
+    recursively."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        # A Message's "metadata" is its property: the object its metadata_json holds.
+        return {name: to_json(getattr(value, name)) for name, _ in wire_fields(type(value))}
     if isinstance(value, enum.Enum):
         return to_json(value.value)
     if isinstance(value, list | tuple):
@@ -140,24 +148,27 @@ def to_json(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def wire_fields(cls: type) -> tuple[tuple[str, Any], ...]:
+    """The fields dataclass ``cls`` carries on the wire, in order, each with its type hint:
+    every field, except that a :class:`~fermix.model.Message`'s ``metadata_json`` text goes
+    as its ``metadata`` (a JSON object)."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        ("metadata", dict[str, Any])
+        if cls is Message and f.name == "metadata_json"
+        else (f.name, hints[f.name])
+        for f in dataclasses.fields(cls)
+    )
+
+
+_MESSAGE_NAMES = tuple(name for name, _ in wire_fields(Message))
+_message_values = operator.attrgetter(*_MESSAGE_NAMES)  # ``metadata``: Message's property
+
+
 def message_json(message: Message) -> dict[str, Any]:
     """A stored message as JSON: its columns, with ``metadata`` as an object."""
-    return {
-        "id": message.id,
-        "agent_id": message.agent_id,
-        "owner_id": message.owner_id,
-        "channel": message.channel,
-        "chat_id": message.chat_id,
-        "thread_scope": message.thread_scope,
-        "sender": message.sender,
-        "role": message.role,
-        "kind": message.kind,
-        "content": message.content,
-        "metadata": message.metadata,
-        "created_at": message.created_at,
-        "trust": message.trust,
-        "client_key": message.client_key,
-    }
+    return dict(zip(_MESSAGE_NAMES, _message_values(message), strict=True))
 
 
 def message_from_json(data: Any) -> Message:
@@ -169,7 +180,7 @@ def message_from_json(data: Any) -> Message:
     # The encoding NewMessage.metadata_json stores, so a round trip compares equal.
     encoded = json.dumps(metadata, ensure_ascii=False, sort_keys=True) if metadata else "{}"
     fields = {k: v for k, v in document.items() if k != "metadata"}
-    return from_json(Message, {**fields, "metadata_json": encoded})
+    return _from_fields(Message, {**fields, "metadata_json": encoded})
 
 
 def row_from_json(data: Any) -> MemoryRow:
@@ -202,9 +213,16 @@ def from_json(cls: type[T], data: Any) -> T:
 
     Each field is converted by its type hint (a nested key, an enum, a tuple, an optional);
     keys the class does not know are ignored, so a newer server's extra fields do not break
-    an older client; a missing field without a default is a :class:`WireError`.
+    an older client; a missing field without a default is a :class:`WireError`. A
+    :class:`~fermix.model.Message` is read as :func:`message_from_json` reads it.
     """
-    document = _object(data, cls.__name__)
+    if cls is Message:
+        return typing.cast(T, message_from_json(data))
+    return _from_fields(cls, _object(data, cls.__name__))
+
+
+def _from_fields(cls: type[T], document: dict[str, Any]) -> T:
+    """An instance of dataclass ``cls`` from ``document``, each field by its type hint."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]

@@ -10,7 +10,6 @@ attempt changes nothing.
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from fermix.config import Config, RealtimeConfig
 from fermix.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from fermix.home import Home
 from fermix.model import JobCaller
-from fermix.remote import Client
 from fermix.runtime.prompt_files import disk
 from fermix.server.http.app import create_app
 
@@ -503,32 +501,8 @@ def test_n1_the_openapi_document_lists_every_admin_route_with_its_models(site: S
 
 # -- fermix.Client against a real server process (N4) ------------------------------------
 
-PARITY = [
-    "get_row",
-    "list_rows",
-    "search_rows",
-    "restore_row",
-    "resources",
-    "revisions",
-    "revision",
-    "rollback",
-    "create_job",
-    "get_job",
-    "list_jobs",
-    "get_run",
-    "start_run",
-    "job_caller",
-    "finish_run",
-    "list_runs",
-    "voice_transcript",
-]
-
-
-@pytest.mark.parametrize("name", PARITY)
-def test_n4_client_admin_methods_have_the_embedded_signatures(name: str) -> None:
-    embedded = inspect.signature(getattr(Memory, name))
-    remote = inspect.signature(getattr(Client, name))
-    assert remote == embedded
+# That the client's methods have the embedded signatures is fermix.surface's, checked by
+# mypy --strict and tests/test_surface.py.
 
 
 def test_n4_client_inspects_rows_and_revisions_as_the_embedded_memory(

@@ -2,16 +2,20 @@
 
 They make the OpenAPI document: each field says what it holds, so a host written in any
 language can be generated from ``/openapi.json``. Response bodies carry every field of
-the model type they stand for (``fermix.model``), as :mod:`fermix.wire` writes them.
+the model type they stand for (``fermix.model``), as :mod:`fermix.wire`
+writes them: their models are derived from those dataclasses
+(:mod:`fermix.server.http.wire_models`), and only their prose is written here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fermix.model import JobCaller, JobRun, MemoryRow, Resource, Revision, ScheduledJob
 from fermix.server.http.turn_models import MessageOut
+from fermix.server.http.wire_models import derive
 
 
 class _Body(BaseModel):
@@ -20,31 +24,104 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class MemoryRowOut(BaseModel):
-    """One long-term memory row, every column (S7)."""
-
-    id: int = Field(description="The row's id.")
-    agent_id: str = Field(description="The agent the row belongs to.")
-    owner_id: str = Field(description="The owner (user) the row is about; '' single-user.")
-    scope_type: str = Field(description="owner, agent, conversation or job.")
-    scope_id: str = Field(description="The id within the scope type.")
-    category: str = Field(description="One of the six categories (C1).")
-    key: str = Field(description="The row's key, unique within its scope.")
-    value: str = Field(description="What is remembered.")
-    confidence: float = Field(description="The reviewer's confidence, 0..1.")
-    promote_target: str | None = Field(description="user_md or memory_md, when promoted.")
-    source_id: int | None = Field(description="The memory source that wrote it.")
-    source_type: str | None = Field(description="conversation, job, realtime or operator.")
-    source_name: str | None = Field(description="The source's name.")
-    source_description: str | None = Field(description="The source's description.")
-    session_id: str | None = Field(description="The conversation's scope id, if any.")
-    run_id: int | None = Field(description="The job run that wrote it, if any.")
-    source_message_id: int | None = Field(description="The message it was learnt from.")
-    archived_at: int | None = Field(description="When it was archived (epoch ms), or null.")
-    archived_by: str | None = Field(description="Who archived it.")
-    archive_reason: str | None = Field(description="Why it was archived.")
-    created_at: int = Field(description="Epoch milliseconds.")
-    updated_at: int = Field(description="Epoch milliseconds.")
+if TYPE_CHECKING:
+    # To mypy a derived model is a BaseModel: its fields exist once it is derived.
+    MemoryRowOut: TypeAlias = BaseModel
+    ResourceOut: TypeAlias = BaseModel
+    RevisionOut: TypeAlias = BaseModel
+    JobOut: TypeAlias = BaseModel
+    RunOut: TypeAlias = BaseModel
+    JobCallerOut: TypeAlias = BaseModel
+else:
+    MemoryRowOut = derive(
+        MemoryRow,
+        "MemoryRowOut",
+        "One long-term memory row, every column (S7).",
+        id="The row's id.",
+        agent_id="The agent the row belongs to.",
+        owner_id="The owner (user) the row is about; '' single-user.",
+        scope_type="owner, agent, conversation or job.",
+        scope_id="The id within the scope type.",
+        category="One of the six categories (C1).",
+        key="The row's key, unique within its scope.",
+        value="What is remembered.",
+        confidence="The reviewer's confidence, 0..1.",
+        promote_target="user_md or memory_md, when promoted.",
+        source_id="The memory source that wrote it.",
+        source_type="conversation, job, realtime or operator.",
+        source_name="The source's name.",
+        source_description="The source's description.",
+        session_id="The conversation's scope id, if any.",
+        run_id="The job run that wrote it, if any.",
+        source_message_id="The message it was learnt from.",
+        archived_at="When it was archived (epoch ms), or null.",
+        archived_by="Who archived it.",
+        archive_reason="Why it was archived.",
+        created_at="Epoch milliseconds.",
+        updated_at="Epoch milliseconds.",
+    )
+    ResourceOut = derive(
+        Resource,
+        "ResourceOut",
+        "A versioned prompt file of one agent and owner (P2).",
+        id="The resource's id.",
+        agent_id="Its agent.",
+        owner_id="Its owner; '' for the agent's shared files.",
+        name="user_md (USER.md) or memory_md (MEMORY.md).",
+        current_revision="The current revision number; 0 for none.",
+        updated_at="Epoch milliseconds.",
+    )
+    RevisionOut = derive(
+        Revision,
+        "RevisionOut",
+        "One recorded revision of a prompt file, with its full content (P2).",
+        resource_id="The resource's id.",
+        agent_id="Its agent.",
+        owner_id="Its owner.",
+        name="user_md or memory_md.",
+        revision="The revision number, from 1.",
+        content="The file's text at this revision.",
+        content_sha1="Hex sha1 of the content as UTF-8.",
+        reason="Why it was recorded (rebuild, rollback:N, ...).",
+        created_at="Epoch milliseconds.",
+    )
+    JobOut = derive(
+        ScheduledJob,
+        "JobOut",
+        "A scheduled job and its memory source.",
+        id="The job's id.",
+        agent_id="Its agent.",
+        owner_id="Its owner.",
+        name="Its name.",
+        schedule="The host's schedule text.",
+        prompt="What a run asks its model.",
+        memory_source_id="The memory source its runs' tools write as.",
+        enabled="Whether the job is enabled.",
+        next_run_at="When it is next due (epoch ms), if known.",
+        created_at="Epoch milliseconds.",
+        updated_at="Epoch milliseconds.",
+    )
+    RunOut = derive(
+        JobRun,
+        "RunOut",
+        "One run of a scheduled job.",
+        id="The run's id.",
+        job_id="Its job.",
+        status="running, succeeded or failed.",
+        output="What the run produced.",
+        error="Why it failed, if it did.",
+        started_at="Epoch milliseconds.",
+        finished_at="Epoch milliseconds, once finished.",
+    )
+    JobCallerOut = derive(
+        JobCaller,
+        "JobCallerOut",
+        "The caller a run's tool calls act as: the job's memory source, agent and owner (T2).",
+        agent_id="The job's agent.",
+        memory_source_id="The job's memory source.",
+        owner_id="The job's owner.",
+        run_id="The run.",
+    )
 
 
 class MemoryRows(BaseModel):
@@ -53,35 +130,10 @@ class MemoryRows(BaseModel):
     memories: list[MemoryRowOut]
 
 
-class ResourceOut(BaseModel):
-    """A versioned prompt file of one agent and owner (P2)."""
-
-    id: int = Field(description="The resource's id.")
-    agent_id: str = Field(description="Its agent.")
-    owner_id: str = Field(description="Its owner; '' for the agent's shared files.")
-    name: str = Field(description="user_md (USER.md) or memory_md (MEMORY.md).")
-    current_revision: int = Field(description="The current revision number; 0 for none.")
-    updated_at: int = Field(description="Epoch milliseconds.")
-
-
 class Resources(BaseModel):
     """The agent's prompt-file resources, by owner and name."""
 
     resources: list[ResourceOut]
-
-
-class RevisionOut(BaseModel):
-    """One recorded revision of a prompt file, with its full content (P2)."""
-
-    resource_id: int = Field(description="The resource's id.")
-    agent_id: str = Field(description="Its agent.")
-    owner_id: str = Field(description="Its owner.")
-    name: str = Field(description="user_md or memory_md.")
-    revision: int = Field(description="The revision number, from 1.")
-    content: str = Field(description="The file's text at this revision.")
-    content_sha1: str = Field(description="Hex sha1 of the content as UTF-8.")
-    reason: str = Field(description="Why it was recorded (rebuild, rollback:N, ...).")
-    created_at: int = Field(description="Epoch milliseconds.")
 
 
 class Revisions(BaseModel):
@@ -106,38 +158,10 @@ class JobIn(_Body):
     owner_id: str = Field("", description="The owner the job works for; '' for none.")
 
 
-class JobOut(BaseModel):
-    """A scheduled job and its memory source."""
-
-    id: int = Field(description="The job's id.")
-    agent_id: str = Field(description="Its agent.")
-    owner_id: str = Field(description="Its owner.")
-    name: str = Field(description="Its name.")
-    schedule: str = Field(description="The host's schedule text.")
-    prompt: str = Field(description="What a run asks its model.")
-    memory_source_id: int = Field(description="The memory source its runs' tools write as.")
-    enabled: bool = Field(description="Whether the job is enabled.")
-    next_run_at: int | None = Field(description="When it is next due (epoch ms), if known.")
-    created_at: int = Field(description="Epoch milliseconds.")
-    updated_at: int = Field(description="Epoch milliseconds.")
-
-
 class Jobs(BaseModel):
     """Scheduled jobs, oldest first."""
 
     jobs: list[JobOut]
-
-
-class RunOut(BaseModel):
-    """One run of a scheduled job."""
-
-    id: int = Field(description="The run's id.")
-    job_id: int = Field(description="Its job.")
-    status: str = Field(description="running, succeeded or failed.")
-    output: str = Field(description="What the run produced.")
-    error: str | None = Field(description="Why it failed, if it did.")
-    started_at: int = Field(description="Epoch milliseconds.")
-    finished_at: int | None = Field(description="Epoch milliseconds, once finished.")
 
 
 class Runs(BaseModel):
@@ -152,15 +176,6 @@ class FinishIn(_Body):
     status: Literal["succeeded", "failed"] = Field(description="succeeded or failed.")
     output: str = Field("", description="The run's output (or a failed run's partial output).")
     error: str | None = Field(None, description="Why it failed.")
-
-
-class JobCallerOut(BaseModel):
-    """The caller a run's tool calls act as: the job's memory source, agent and owner (T2)."""
-
-    agent_id: str = Field(description="The job's agent.")
-    memory_source_id: int = Field(description="The job's memory source.")
-    owner_id: str = Field(description="The job's owner.")
-    run_id: int | None = Field(description="The run.")
 
 
 class ToolRunIn(_Body):

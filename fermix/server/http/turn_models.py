@@ -4,16 +4,21 @@ FastAPI validates every request against these before a route runs (a bad one is 
 naming the field, ``body.role``) and documents them in ``/openapi.json``. The shapes are
 those of :mod:`fermix.wire`, so :class:`fermix.Client` reads the answers back into
 fermix's own types. Requests refuse unknown fields: a misspelt ``txt`` is an error, not a
-message stored without its text.
+message stored without its text. The responses that carry a fermix type (a message, a
+conversation's state, a review's or compaction's result) are derived from its dataclass
+(:mod:`fermix.server.http.wire_models`): here they only get their names and prose.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from fermix.model import MAX_CONTENT_CHARS
+from fermix.core.compaction import CompactionResult
+from fermix.core.review import ReviewResult
+from fermix.model import MAX_CONTENT_CHARS, ConversationKey, ConversationState, Message
+from fermix.server.http.wire_models import derive
 from fermix.validate import MAX_IDENTIFIER_CHARS
 
 _NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
@@ -148,23 +153,42 @@ class OpenedConversation(BaseModel):
     trust: Trust = Field(description="The trust the server granted (a host token's: 'guest').")
 
 
-class MessageOut(BaseModel):
-    """A stored message."""
-
-    id: int
-    agent_id: str
-    owner_id: str = Field(description="Its author (M1).")
-    channel: str
-    chat_id: str
-    thread_scope: str
-    sender: str
-    role: str
-    kind: str
-    content: str
-    metadata: dict[str, Any]
-    created_at: int = Field(description="Epoch milliseconds.")
-    trust: Trust = Field(description="The author's trust when it was written.")
-    client_key: str | None = Field(description="The client's key it was stored under (N3).")
+if TYPE_CHECKING:
+    # To mypy a derived model is a BaseModel: its fields exist once it is derived.
+    MessageOut: TypeAlias = BaseModel
+    KeyOut: TypeAlias = BaseModel
+    StateOut: TypeAlias = BaseModel
+    ReviewOut: TypeAlias = BaseModel
+    CompactionOut: TypeAlias = BaseModel
+else:
+    MessageOut = derive(
+        Message,
+        "MessageOut",
+        "A stored message.",
+        narrowed={"trust": Trust},
+        owner_id="Its author (M1).",
+        metadata="The JSON object stored with it.",
+        created_at="Epoch milliseconds.",
+        trust="The author's trust when it was written.",
+        client_key="The client's key it was stored under (N3).",
+    )
+    KeyOut = derive(ConversationKey, "KeyOut", "A conversation's key.")
+    StateOut = derive(
+        ConversationState, "StateOut", "A conversation's stored state: owner, trust, window, gates."
+    )
+    ReviewOut = derive(
+        ReviewResult,
+        "ReviewOut",
+        "What one review did.",
+        status="'applied', 'nothing', 'skipped' or 'failed'.",
+        skip="Why it was skipped ('no_model', 'under_interval', ...).",
+    )
+    CompactionOut = derive(
+        CompactionResult,
+        "CompactionOut",
+        "What one compaction attempt did.",
+        status="'compacted', 'skipped' or 'failed'.",
+    )
 
 
 class MessagesOut(BaseModel):
@@ -202,72 +226,6 @@ class OkOut(BaseModel):
     """Done."""
 
     ok: bool
-
-
-class KeyOut(BaseModel):
-    """A conversation's key."""
-
-    agent_id: str
-    channel: str
-    chat_id: str
-    thread_scope: str
-
-
-class StateOut(BaseModel):
-    """A conversation's stored state: owner, trust, window, gates."""
-
-    agent_id: str
-    channel: str
-    chat_id: str
-    thread_scope: str
-    owner_id: str
-    trust: str
-    window_after_id: int
-    checkpoint_message_id: int | None
-    last_reviewed_at: int | None
-    last_reviewed_message_id: int
-    review_failed_at: int | None
-    review_claim_token: str | None
-    review_claim_expires_at: int | None
-    peak_prompt_tokens: int | None
-    compaction_failed_at: int | None
-    created_at: int
-    updated_at: int
-
-
-class ReviewOut(BaseModel):
-    """What one review did."""
-
-    key: KeyOut
-    status: str = Field(description="'applied', 'nothing', 'skipped' or 'failed'.")
-    skip: str | None = Field(description="Why it was skipped ('no_model', 'under_interval', ...).")
-    added: int
-    replaced: int
-    archived: int
-    refused: list[str]
-    messages: int
-    left: int
-    truncated: int
-    reviews: int
-    shown: int
-    model: str | None
-    tried: list[list[str]]
-    error: str | None
-    files_changed: bool
-
-
-class CompactionOut(BaseModel):
-    """What one compaction attempt did."""
-
-    key: KeyOut
-    status: str = Field(description="'compacted', 'skipped' or 'failed'.")
-    reason: str
-    summarized: int
-    kept: int
-    before_tokens: int
-    after_tokens: int
-    model: str | None
-    error: str | None
 
 
 class ToolsOut(BaseModel):
