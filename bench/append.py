@@ -210,7 +210,7 @@ def settle(*memories: Memory) -> None:
     last measure appended (Q2): its deferred work would otherwise land on whichever
     measure runs next, the raw baseline's included."""
     for memory in memories:
-        indexer = memory._runtime.indexer  # the embedder; no public equivalent
+        indexer = memory._runtime.services.indexer  # the embedder; no public equivalent
         if indexer is not None and not indexer.wait_idle(120):
             raise RuntimeError("the background embedder did not settle within 120 s")
 
@@ -253,7 +253,8 @@ class Feeder:
                 latencies.append(clock() - t0)
             return start, clock(), latencies
 
-        db = self.memory._runtime.db  # the database's commit count; no public equivalent
+        # the database's commit count; no public equivalent
+        db = self.memory._runtime.services.storage
         before = db.commits
         results = list(self._pool.map(one, range(THREADS)))
         self.batches += db.commits - before
@@ -341,7 +342,7 @@ def touch_conversations(count: int, text: str) -> Footprint:
         elapsed = time.perf_counter_ns() - start
         return Footprint(
             conversations=count,
-            cap=memory._runtime.registry.cap,
+            cap=memory._runtime.services.registry.cap,
             threads_before=threads_before,
             threads_after=threading.active_count(),
             live_actors=memory._runtime.live_conversations(),

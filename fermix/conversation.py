@@ -184,7 +184,7 @@ class Conversation:
         else:
             validate.identifier("owner_id", owner_id, allow_empty=True)
             author = owner_id
-            default = self._runtime.config.trust_of(owner_id)
+            default = self._runtime.trust_of(owner_id)
         return author, check_trust(default if trust is None else trust)
 
     def append_assistant(
@@ -207,8 +207,7 @@ class Conversation:
 
     def memory_files(self) -> tuple[str, str]:
         """The current USER.md and MEMORY.md of this agent and owner."""
-        self._runtime.check_running()
-        return self._runtime.files.texts(self.key.agent_id, self.owner_id)
+        return self._runtime.memory_files(self.key.agent_id, self.owner_id)
 
     def compose(self, system: str, *, limit: int | None = None) -> list[dict[str, Any]]:
         """The litellm messages for the next model call: system prompt, the fenced

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast, overload
 
 from fermix.core import tool_calls
 from fermix.core.tool_calls import SCHEMAS, ToolError
-from fermix.errors import ActorUnavailableError, FermixError
+from fermix.errors import FermixError
 from fermix.model import ConversationKey, JobCaller
 from fermix.runtime import recall
 
@@ -37,14 +37,10 @@ __all__ = ["SCHEMAS", "Caller", "JobCaller", "MemoryTools", "ToolError"]
 log = logging.getLogger(__name__)
 
 
-class HasStorage(Protocol):
-    """What the tools need of the runtime: its database and its one writer."""
+class ToolRunner(Protocol):
+    """What the tools need of the runtime: to run a checked call for a caller."""
 
-    @property
-    def db(self) -> Storage: ...
-
-    @property
-    def writer(self) -> Writer: ...
+    def run_tool(self, call: tool_calls.ToolCall, caller: recall.Caller) -> dict[str, Any]: ...
 
 
 class ConversationLike(Protocol):
@@ -62,26 +58,32 @@ Caller = ConversationLike | JobCaller
 
 @dataclass(frozen=True)
 class _Storage:
+    """A database and its writer, running tool calls without a runtime."""
+
     db: Storage
     writer: Writer
+
+    def run_tool(self, call: tool_calls.ToolCall, caller: recall.Caller) -> dict[str, Any]:
+        return recall.run(self.db, self.writer, call, caller)
 
 
 class MemoryTools:
     """The memory tools over one database and its writer.
 
-    ``MemoryTools(db, writer)``, or ``MemoryTools(runtime)`` for an object with ``db`` and
-    ``writer`` attributes, read on every call (so it may be opened after the tools are made).
+    ``MemoryTools(db, writer)``, or ``MemoryTools(runtime)`` for the process's runtime,
+    which refuses a call while it is not running (so the tools may be made before it
+    starts).
     """
 
     @overload
-    def __init__(self, runtime: HasStorage, /) -> None: ...
+    def __init__(self, runtime: ToolRunner, /) -> None: ...
 
     @overload
     def __init__(self, db: Storage, writer: Writer, /) -> None: ...
 
-    def __init__(self, source: HasStorage | Storage, writer: Writer | None = None, /) -> None:
-        self._runtime = (
-            cast("HasStorage", source)
+    def __init__(self, source: ToolRunner | Storage, writer: Writer | None = None, /) -> None:
+        self._runner = (
+            cast("ToolRunner", source)
             if writer is None
             else _Storage(cast("Storage", source), writer)
         )
@@ -100,23 +102,11 @@ class MemoryTools:
         """
         try:
             call = tool_calls.parse(tool_call)
-            db, writer = self._storage()
-            result = recall.run(db, writer, call, _plain(caller))
+            result = self._runner.run_tool(call, _plain(caller))
         except FermixError as exc:
             log.info("tool call refused: %s", exc)
             return json.dumps({"error": str(exc)}, ensure_ascii=False)
         return json.dumps(result, ensure_ascii=False)
-
-    def _storage(self) -> tuple[Storage, Writer]:
-        """The runtime's database and writer, refused while it is not running."""
-        runtime = self._runtime
-        check_running = getattr(runtime, "check_running", None)  # the Runtime has one
-        if check_running is not None:
-            check_running()
-        db, writer = getattr(runtime, "db", None), getattr(runtime, "writer", None)
-        if db is None or writer is None:
-            raise ActorUnavailableError("the memory tools' database is not open yet")
-        return db, writer
 
 
 def _plain(caller: Caller) -> recall.Caller:

@@ -35,7 +35,7 @@ def _contents(home: Path, key: ConversationKey) -> list[str]:
 
 def _write_row(memory: Memory, key: str, value: str) -> MemoryRow:
     """A row written through this process's one write path (prompt files rebuilt)."""
-    written = memory._runtime.writer.write_rows(
+    written = memory._runtime.services.writer.write_rows(
         lambda w: [upsert(w, key, value)], label="test write"
     )
     return written.rows[0]
@@ -137,7 +137,7 @@ def test_a7_live_actors_stay_under_the_cap_and_come_back_from_sqlite(
     start_memory: StartMemory,
 ) -> None:
     memory = start_memory(conversation_cap=5)
-    registry = memory._runtime.registry
+    registry = memory._runtime.services.registry
     for i in range(30):
         conv = memory.conversation("agent", "cli", str(i))
         conv.append_user(f"hello {i}")
@@ -165,8 +165,8 @@ def test_a7_actors_idle_for_idle_s_are_passivated_and_come_back_from_sqlite(
     clock.advance(30)
     conv("new").history()
     clock.advance(31)
-    assert runtime.registry.passivate_idle() == 1
-    assert runtime.registry.live_count() == 1
+    assert runtime.services.registry.passivate_idle() == 1
+    assert runtime.services.registry.live_count() == 1
     assert [m.content for m in conv("old").history()] == ["x"]
 
 
@@ -178,9 +178,9 @@ def test_a6_a_crashed_conversation_actor_is_restarted_from_sqlite(memory: Memory
     for i in range(3):
         conv.append_user(f"m{i}")
     assert len(conv.history()) == 3  # the actor is live
-    supervisor = memory._runtime.tree.await_child("conversations")
+    supervisor = memory._runtime.services.tree.await_child("conversations")
     before = supervisor.child_ref(child_id(conv.key))  # type: ignore[union-attr]
-    memory._runtime.registry.tell(conv.key, "not a message")  # a failing tell crashes it
+    memory._runtime.services.registry.tell(conv.key, "not a message")  # a failing tell crashes it
     assert before.actor_stopped.wait(5)  # type: ignore[union-attr]
     conv.append_user("after the crash")
     assert [m.content for m in conv.history()] == ["m0", "m1", "m2", "after the crash"]
@@ -192,7 +192,7 @@ def test_a6_a_crashed_reviewer_or_compactor_is_restarted_and_serves_the_next_req
     memory: Memory, child: str
 ) -> None:
     conv = memory.conversation("agent", "cli", "1")
-    tree = memory._runtime.tree
+    tree = memory._runtime.services.tree
     before = tree.child_ref(child)
     before.tell("not a message")  # type: ignore[union-attr]
     assert before.actor_stopped.wait(5)  # type: ignore[union-attr]
@@ -231,7 +231,7 @@ def test_a3_a_restore_by_the_cli_process_is_seen_by_the_next_read(
     memory: Memory, home: Path
 ) -> None:
     row = _write_row(memory, "drink", "tea")
-    memory._runtime.writer.write_rows(
+    memory._runtime.services.writer.write_rows(
         lambda w: [w.archive_row(row.id, by="operator", reason="stale")], label="archive"
     )
     assert memory.list_rows(agent_id="agent") == []
@@ -372,7 +372,7 @@ def test_a1_the_actor_refuses_a_message_of_another_conversation(memory: Memory) 
     stored = b.append_user("x")
     a.append_user("mine")
     with pytest.raises(InvalidInputError):
-        memory._runtime.registry.ask(a.key, Appended(stored))
+        memory._runtime.services.registry.ask(a.key, Appended(stored))
     assert [m.content for m in a.history()] == ["mine"]
 
 
@@ -380,5 +380,5 @@ def test_a1_a_message_the_actor_already_read_is_not_added_twice(memory: Memory) 
     conv = memory.conversation("agent", "cli", "1")
     first = conv.append_user("one")
     conv.history()  # the actor is live and holds "one"
-    memory._runtime.registry.ask(conv.key, Appended(first))
+    memory._runtime.services.registry.ask(conv.key, Appended(first))
     assert [m.content for m in conv.history()] == ["one"]

@@ -161,9 +161,9 @@ def seed_long_term_state(memory: Memory, conv: Conversation) -> None:
         )
         writes.start_run(job.id)
 
-    memory._runtime.db.write(write, label="seed")
+    memory._runtime.services.storage.write(write, label="seed")
     # USER.md on disk, and its first revision, as the reviewer would leave them
-    rebuilt = memory._runtime.files.rebuild("agent", "alice")
+    rebuilt = memory._runtime.services.files.rebuild("agent", "alice")
     assert rebuilt.user_md.revision is not None
     stored = json.loads(
         memory.tools.run(

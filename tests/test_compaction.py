@@ -20,6 +20,7 @@ from faults import FaultVFS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_server import ModelServer
+from rig import Rig
 
 from fermix.actors.compactor import Compact, Compactor
 from fermix.config import CompactionConfig, Config
@@ -35,12 +36,8 @@ from fermix.core.compaction import (
     plan,
     transcript,
 )
-from fermix.home import Home
-from fermix.model import ConversationKey, ConversationState, Message, NewMessage
+from fermix.model import ConversationKey, ConversationState, Message
 from fermix.runtime.compacting import Compacting
-from fermix.runtime.prompt_files import PromptFiles
-from fermix.runtime.writer import Writer
-from fermix.storage.sqlite.database import Database
 from fermix.token_counts import count_tokens, uses_tiktoken
 
 if TYPE_CHECKING:
@@ -251,15 +248,15 @@ def small_window(
     )
 
 
-class Rig:
-    """A database in a temporary home, its writer, a settable clock, and every call of
-    ``on_compacted`` with the conversation's state as SQLite held it then."""
+class CompactionRig(Rig):
+    """The shared rig on ``small_window(server)``, with a settable clock, the use case built
+    per test with its own config, and every call of ``on_compacted`` with the
+    conversation's state as SQLite held it then."""
 
     def __init__(self, root: Path, server: ModelServer, *, vfs: str | None = None) -> None:
-        self.db = Database(root / "memory.db", vfs=vfs)
-        self.writer = Writer(self.db, PromptFiles(Home(root), self.db))
-        self.server = server
         self.now = [1_800_000_000_000]
+        super().__init__(root, small_window(server), clock=lambda: self.now[0], vfs=vfs)
+        self.server = server
         self.compacted: list[tuple[ConversationKey, ConversationState | None]] = []
 
     def compacting(self, **config: Any) -> Compacting:
@@ -273,8 +270,7 @@ class Rig:
         )
 
     def append(self, role: str, text: str, *, peak: int | None = None) -> Message:
-        new = NewMessage(KEY, role, text, owner_id="alice", sender=role)
-        return self.writer.append(new, trust="operator", peak_prompt_tokens=peak)
+        return self.say(KEY, text, role=role, sender=role, peak=peak)
 
     def fill(self, turns: int, *, start: int = 0) -> list[Message]:
         """``turns`` user/assistant pairs, each with a searchable marker word."""
@@ -292,25 +288,22 @@ class Rig:
             )
         return stored
 
-    def window(self) -> list[Message]:
-        with self.db.read() as reads:
-            return reads.window(KEY)
+    def window(self, key: ConversationKey = KEY) -> list[Message]:
+        return super().window(key)
 
     def state(self, key: ConversationKey = KEY) -> ConversationState | None:
-        with self.db.read() as reads:
-            return reads.conversation(key)
+        return super().state(key)
 
     def stored(self) -> list[Message]:
         """Every stored message of the conversation, whatever the window."""
-        with self.db.read() as reads:
-            return reads.messages(KEY)
+        return self.messages(KEY)
 
 
 @pytest.fixture
-def rig(tmp_path: Path, model_server: ModelServer) -> Iterator[Rig]:
-    made = Rig(tmp_path, model_server)
+def rig(tmp_path: Path, model_server: ModelServer) -> Iterator[CompactionRig]:
+    made = CompactionRig(tmp_path, model_server)
     yield made
-    made.db.close()
+    made.close()
 
 
 def window_tokens(window: list[Message]) -> int:
@@ -319,7 +312,7 @@ def window_tokens(window: list[Message]) -> int:
 
 
 def test_k3_a_cold_conversation_is_skipped_without_calling_the_model(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     never_written = ConversationKey("agent", "cli", "new")
@@ -331,7 +324,7 @@ def test_k3_a_cold_conversation_is_skipped_without_calling_the_model(
 
 
 def test_k3_under_the_threshold_is_skipped_without_calling_the_model(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     rig.fill(30)
@@ -342,7 +335,7 @@ def test_k3_under_the_threshold_is_skipped_without_calling_the_model(
 
 
 def test_k1_k3_a_recorded_peak_at_the_threshold_compacts_once_and_is_used_up(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     rig.fill(30)
@@ -361,7 +354,7 @@ def test_k1_k3_a_recorded_peak_at_the_threshold_compacts_once_and_is_used_up(
 
 
 def test_k1_k5_the_compacted_window_is_the_checkpoint_and_kept_messages_under_the_budget(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     assert uses_tiktoken(MODEL)  # the budget below is counted by tiktoken, not estimated
     compacting = rig.compacting()
@@ -411,7 +404,7 @@ def test_k1_k5_the_compacted_window_is_the_checkpoint_and_kept_messages_under_th
 
 
 def test_k2_the_summary_request_carries_the_configured_reasoning_effort(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     originals = rig.fill(30)
@@ -430,7 +423,7 @@ def test_k2_the_summary_request_carries_the_configured_reasoning_effort(
 
 
 def test_k3_a_failed_compaction_backs_off_60_s_in_sqlite_then_runs_again(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     rig.fill(30)
@@ -462,7 +455,7 @@ def test_k3_a_failed_compaction_backs_off_60_s_in_sqlite_then_runs_again(
 
 
 def test_k3_an_empty_summary_is_a_failure_that_changes_no_window(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     rig.fill(30)
@@ -476,7 +469,7 @@ def test_k3_an_empty_summary_is_a_failure_that_changes_no_window(
 
 
 def test_k4_the_failure_backoff_does_not_hold_back_a_forced_compaction(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     rig.fill(30)
@@ -490,7 +483,7 @@ def test_k4_the_failure_backoff_does_not_hold_back_a_forced_compaction(
 
 
 def test_k2_disabled_compaction_never_compacts_unless_forced(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting(enabled=False)
     rig.fill(30)
@@ -508,7 +501,7 @@ def test_k2_disabled_compaction_never_compacts_unless_forced(
 
 
 def test_k1_a_model_without_a_known_context_window_is_never_compacted(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting(primary="openai/fermix-no-such-model", context_window=None)
     assert compacting.context_window() is None
@@ -520,7 +513,7 @@ def test_k1_a_model_without_a_known_context_window_is_never_compacted(
 
 
 def test_k1_a_forced_compaction_of_a_window_that_fits_has_nothing_to_summarize(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     assert compacting.context_window() == WINDOW
@@ -531,7 +524,7 @@ def test_k1_a_forced_compaction_of_a_window_that_fits_has_nothing_to_summarize(
 
 
 def test_k1_a_second_compaction_never_brings_the_old_checkpoint_back_as_a_message(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     compacting = rig.compacting()
     rig.fill(30)
@@ -555,7 +548,9 @@ def test_k1_a_second_compaction_never_brings_the_old_checkpoint_back_as_a_messag
     assert window_tokens(window) <= BUDGET
 
 
-def test_k4_clearing_the_window_moves_only_the_window(rig: Rig, model_server: ModelServer) -> None:
+def test_k4_clearing_the_window_moves_only_the_window(
+    rig: CompactionRig, model_server: ModelServer
+) -> None:
     compacting = rig.compacting()
     rig.fill(30)
     rig.append("assistant", "last", peak=THRESHOLD_TOKENS)
@@ -580,7 +575,7 @@ def test_k4_clearing_the_window_moves_only_the_window(rig: Rig, model_server: Mo
 
 
 def test_a5_the_compactor_runs_its_use_case_and_answers_with_the_result(
-    rig: Rig, model_server: ModelServer
+    rig: CompactionRig, model_server: ModelServer
 ) -> None:
     rig.fill(30)
     model_server.reply("A summary.")
@@ -597,7 +592,7 @@ def test_a5_the_compactor_runs_its_use_case_and_answers_with_the_result(
 def test_a5_a_storage_failure_is_a_failed_result_and_the_compactor_runs_on(
     tmp_path: Path, model_server: ModelServer
 ) -> None:
-    rig = Rig(tmp_path, model_server, vfs=_faulty.vfs_name)
+    rig = CompactionRig(tmp_path, model_server, vfs=_faulty.vfs_name)
     try:
         rig.fill(30)
         window = rig.window()
@@ -618,7 +613,7 @@ def test_a5_a_storage_failure_is_a_failed_result_and_the_compactor_runs_on(
         assert stored.status == "compacted"
         assert rig.window()[0].content == "A summary."
     finally:
-        rig.db.close()
+        rig.close()
 
 
 # -- through a running Memory: preflight, after delivery, /compact (K3, K4, K5) ----------

@@ -73,7 +73,7 @@ def use(memory, chat):
     conv = memory.conversation("agent", "tg", chat, owner_id="me")
     for text in FILLER:
         conv.append_user(text)
-    assert memory._runtime.indexer.wait_idle(30)
+    assert memory._runtime.services.indexer.wait_idle(30)
     found = json.loads(memory.tools.run(RECALL, conv))["history"]
     assert found[0]["content"] == "Mel got married in June", found  # through the vectors
     return conv
@@ -90,7 +90,7 @@ indexing._ACTIVE_LOCK.acquire()
 pid = os.fork()
 if pid == 0:
     try:
-        inherited = memory._runtime.indexer
+        inherited = memory._runtime.services.indexer
         start = time.monotonic()
         inherited.stop(30)  # its thread stayed in the parent: nothing to join here
         assert time.monotonic() - start < 1, "joined a thread of the parent"

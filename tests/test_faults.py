@@ -311,7 +311,7 @@ def test_t1_h3_memory_writes_absorb_two_faults_and_report_a_persistent_one_typed
             # The tool never raises into the host: the failure is its result (T4).
             refused = json.loads(memory.tools.run(_store_call("flight", "Monday"), conv))
             with pytest.raises(WriteFailedError):
-                memory._runtime.writer.write_rows(
+                memory._runtime.services.writer.write_rows(
                     fact("goal", "marathon", "Runs a marathon in May", owner_id="ana"),
                     label="marathon",
                 )
@@ -331,7 +331,7 @@ def test_h3_a_units_own_database_error_reaches_its_caller_typed(memory: Memory) 
         writes.update_conversation(conv.key, trust="root")  # breaks the trust CHECK
 
     with pytest.raises(WriteFailedError) as caught:
-        memory._runtime.writer.write(broken, label="broken")
+        memory._runtime.services.writer.write(broken, label="broken")
     assert isinstance(caught.value.__cause__, apsw.ConstraintError)
     state = conv.state()
     assert state is not None and state.trust == "operator"  # nothing of the unit was kept
@@ -722,7 +722,7 @@ def crash(ref: Any) -> None:
 
 def conversations_supervisor(memory: Memory) -> Any:
     """The supervisor of the conversation actors (waits while it is being restarted)."""
-    return memory._runtime.tree.await_child("conversations")
+    return memory._runtime.services.tree.await_child("conversations")
 
 
 def test_a6_a_crashed_conversation_store_is_restarted_and_serves_its_window(
@@ -745,7 +745,7 @@ def test_a6_a_crashed_reviewer_and_compactor_are_restarted_and_answer_and_rows_s
     conv = memory.conversation("agent", "faults", "1", owner_id="ana")
     stored = json.loads(memory.tools.run(_store_call("k", "v"), conv))["stored"]
     for child in ("reviewer", "compactor"):
-        crash(memory._runtime.tree.await_child(child))
+        crash(memory._runtime.services.tree.await_child(child))
     # Neither needs the model to answer these: no new message, a cold conversation.
     assert memory.review(conv).skip is Skip.NO_NEW_MESSAGES
     assert memory.compact(conv).reason == "cold"
@@ -818,7 +818,7 @@ def test_a6_past_the_restart_intensity_the_tree_gives_up_and_every_call_is_refus
     home: Path,
 ) -> None:
     memory = Memory(home).start()
-    tree = memory._runtime.tree
+    tree = memory._runtime.services.tree
     try:
         conv = memory.conversation("agent", "faults", "1")
         conv.append_user("kept")

@@ -42,16 +42,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from model_server import ModelServer
+from rig import Rig
 from soak import window_host
 from soak.zygote import Child, Zygote
 
-from fermix.actors.conversation import Appended, ConversationStore, History, Reload
+from fermix.actors.conversation import Appended, Reload
 from fermix.api import Conversation, Memory
-from fermix.home import Home
+from fermix.config import Config, MemoryConfig
 from fermix.model import ConversationKey, Message, NewMessage
-from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.windows import Windows as _Windows
 from fermix.runtime.writer import Writer
+from fermix.storage import Storage
 from fermix.storage.sqlite import migrations
 from fermix.storage.sqlite.database import Database
 from fermix.storage.sqlite.migrations import open_database
@@ -131,7 +132,7 @@ def test_m4_a_compaction_by_another_host_is_in_this_hosts_next_history(
 class CountingWindows:
     """The runtime's ``WindowSource`` on a database, recording which read each call made."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Storage) -> None:
         self._windows = _Windows(db)
         self.calls: list[str] = []
 
@@ -158,28 +159,29 @@ class CountingWindows:
         return calls
 
 
-class Rig:
-    """One ConversationStore on ``home``'s database, fed by this process's writer, beside
-    the write path of a second process on the same file."""
+class FreshnessRig(Rig):
+    """The shared rig started on ``root``, its conversation actors reading through
+    :class:`CountingWindows`, beside the write path of a second process on the same file."""
 
     def __init__(self, root: Path, other: Writer, *, max_history: int | None = None) -> None:
-        self.db = Database(root / "memory.db")
-        self.source = CountingWindows(self.db)
-        self.ref = ConversationStore.start(KEY, source=self.source, max_history=max_history)
-        self.writer = Writer(
-            self.db,
-            PromptFiles(Home(root), self.db),
-            deliver=self._deliver,
-        )
+        self.source: CountingWindows | None = None
+        config = Config(memory=MemoryConfig(max_conversation_history=max_history))
+        super().__init__(root, config, windows=self._counting)
+        self.start()
         self.other = other
         self.root = root
 
-    def _deliver(self, stored: Message) -> None:
-        if stored.key == KEY:  # as the registry does: to the actor of its conversation
-            self.ref.tell(Appended(stored))
+    def _counting(self, db: Storage) -> CountingWindows:
+        self.source = CountingWindows(db)
+        return self.source
+
+    @property
+    def calls(self) -> CountingWindows:
+        assert self.source is not None
+        return self.source
 
     def append(self, text: str, key: ConversationKey = KEY) -> Message:
-        return self.writer.append(NewMessage(key, "user", text, owner_id="ana"), trust="operator")
+        return self.say(key, text, owner_id="ana")
 
     def append_elsewhere(self, text: str, key: ConversationKey = KEY) -> Message:
         return self.other.append(NewMessage(key, "user", text, owner_id="ana"), trust="operator")
@@ -191,108 +193,102 @@ class Rig:
 
         self.other.write(clear, label="clear")
 
-    def history(self) -> list[str]:
-        window: list[Message] = self.ref.ask(History())
-        return contents(window)
+    def contents(self) -> list[str]:
+        return contents(self.history(KEY))
 
     def stored(self) -> list[str]:
-        with self.db.read() as reads:
-            return contents(reads.window(KEY))
-
-    def close(self) -> None:
-        self.ref.stop()
-        self.db.close()
+        return contents(self.window(KEY))
 
 
 @pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
+def rig(tmp_path: Path) -> Iterator[FreshnessRig]:
     with other_process(tmp_path) as other:
-        made = Rig(tmp_path, other)
+        made = FreshnessRig(tmp_path, other)
         yield made
         made.close()
 
 
-def test_m4_a_history_of_an_unchanged_conversation_reads_one_mark(rig: Rig) -> None:
+def test_m4_a_history_of_an_unchanged_conversation_reads_one_mark(rig: FreshnessRig) -> None:
     rig.append("one")
-    rig.history()
-    rig.source.take()
-    assert rig.history() == ["one"]
-    assert rig.history() == ["one"]
-    assert rig.source.take() == ["mark", "mark"]
+    rig.contents()
+    rig.calls.take()
+    assert rig.contents() == ["one"]
+    assert rig.contents() == ["one"]
+    assert rig.calls.take() == ["mark", "mark"]
 
 
 def test_m4_appends_of_this_process_are_taken_from_appended_without_reading_them(
-    rig: Rig,
+    rig: FreshnessRig,
 ) -> None:
     rig.append("one")
-    rig.history()
-    rig.source.take()
+    rig.contents()
+    rig.calls.take()
     rig.append("two")
     rig.append("three")
-    assert rig.history() == ["one", "two", "three"]
-    assert rig.source.take() == ["mark"]
-    rig.ref.ask(Appended(rig.append("four")))  # delivered twice: added once
-    assert rig.history() == rig.stored() == ["one", "two", "three", "four"]
+    assert rig.contents() == ["one", "two", "three"]
+    assert rig.calls.take() == ["mark"]
+    rig.ask(KEY, Appended(rig.append("four")))  # delivered twice: added once
+    assert rig.contents() == rig.stored() == ["one", "two", "three", "four"]
 
 
 def test_m4_writes_of_other_conversations_and_memory_rows_never_make_a_history_read_more(
-    rig: Rig,
+    rig: FreshnessRig,
 ) -> None:
     rig.append("mine")
-    rig.history()
-    rig.source.take()
+    rig.contents()
+    rig.calls.take()
     rig.append_elsewhere("theirs", ConversationKey("fresh", "chat", "other"))
     rig.append("also mine", ConversationKey("fresh", "chat", "other"))
     rig.other.write(lambda w: w.update_conversation(KEY, peak_prompt_tokens=900), label="peak")
     rig.other.write(lambda w: w.touch_conversation(KEY, owner_id="bo", trust="guest"), label="t")
     rig.other.write_rows(lambda w: [upsert(w, "drink", "tea")], label="a memory row")
-    assert rig.history() == ["mine"]
-    assert rig.source.take() == ["mark"]
+    assert rig.contents() == ["mine"]
+    assert rig.calls.take() == ["mark"]
 
 
 def test_m4_appends_by_another_process_are_read_alone_and_interleave_with_ours(
-    rig: Rig,
+    rig: FreshnessRig,
 ) -> None:
     rig.append("a")
-    rig.history()
-    rig.source.take()
+    rig.contents()
+    rig.calls.take()
     rig.append_elsewhere("b")
-    assert rig.history() == ["a", "b"]
-    assert rig.source.take() == ["mark", "since"]
+    assert rig.contents() == ["a", "b"]
+    assert rig.calls.take() == ["mark", "since"]
     rig.append("c")
     rig.append_elsewhere("d")
     rig.append("e")  # Appended holds c and e; d is read, and c and e are not doubled
-    assert rig.history() == rig.stored() == ["a", "b", "c", "d", "e"]
-    assert rig.source.take() == ["mark", "since"]
-    assert rig.history() == ["a", "b", "c", "d", "e"]
-    assert rig.source.take() == ["mark"]
+    assert rig.contents() == rig.stored() == ["a", "b", "c", "d", "e"]
+    assert rig.calls.take() == ["mark", "since"]
+    assert rig.contents() == ["a", "b", "c", "d", "e"]
+    assert rig.calls.take() == ["mark"]
 
 
-def test_m4_a_window_moved_by_another_process_is_read_again_whole(rig: Rig) -> None:
+def test_m4_a_window_moved_by_another_process_is_read_again_whole(rig: FreshnessRig) -> None:
     rig.append("a")
-    rig.history()
-    rig.source.take()
+    rig.contents()
+    rig.calls.take()
     rig.clear_elsewhere()
     rig.append("b")
-    assert rig.history() == rig.stored() == ["b"]
-    assert rig.source.take() == ["mark", "snapshot"]
+    assert rig.contents() == rig.stored() == ["b"]
+    assert rig.calls.take() == ["mark", "snapshot"]
 
 
-def test_m4_a_message_edited_outside_fermix_is_read_again(rig: Rig) -> None:
+def test_m4_a_message_edited_outside_fermix_is_read_again(rig: FreshnessRig) -> None:
     first = rig.append("I drink coffee")
-    rig.history()
+    rig.contents()
     conn = apsw.Connection(str(rig.root / "memory.db"))
     conn.execute("UPDATE messages SET content = 'I drink tea' WHERE id = ?", (first.id,))
     conn.close()
     rig.append_elsewhere("since Monday")  # one new message: the count says one more changed
-    assert rig.history() == rig.stored() == ["I drink tea", "since Monday"]
+    assert rig.contents() == rig.stored() == ["I drink tea", "since Monday"]
 
 
 def test_m4_a_capped_window_keeps_the_checkpoint_at_its_head_as_sqlite_does(
     tmp_path: Path,
 ) -> None:
     with other_process(tmp_path) as other:
-        rig = Rig(tmp_path, other, max_history=3)
+        rig = FreshnessRig(tmp_path, other, max_history=3)
         try:
             stored = [rig.append(f"m{i}") for i in range(4)]
 
@@ -305,16 +301,16 @@ def test_m4_a_capped_window_keeps_the_checkpoint_at_its_head_as_sqlite_does(
                 )
 
             rig.other.write(compact, label="compaction")
-            assert rig.history() == ["summary", "m2", "m3"]
+            assert rig.contents() == ["summary", "m2", "m3"]
             for text in ("m4", "m5"):
                 rig.append(text)
-                assert rig.history()[0] == "summary"
+                assert rig.contents()[0] == "summary"
             rig.append_elsewhere("m6")
             with rig.db.read() as reads:
-                assert rig.history() == contents(reads.window(KEY, limit=3))
-            assert rig.history() == ["summary", "m5", "m6"]
-            rig.ref.ask(Reload())
-            assert rig.history() == ["summary", "m5", "m6"]
+                assert rig.contents() == contents(reads.window(KEY, limit=3))
+            assert rig.contents() == ["summary", "m5", "m6"]
+            rig.ask(KEY, Reload())
+            assert rig.contents() == ["summary", "m5", "m6"]
         finally:
             rig.close()
 

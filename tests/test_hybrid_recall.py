@@ -170,10 +170,10 @@ def test_q3_a_paraphrase_full_text_search_misses_is_found_through_the_tools(
     conv = memory.conversation("agent", "tg", "1", owner_id="me")
     for text in FILLER:
         conv.append_user(text)
-    indexer = memory._runtime.indexer
+    indexer = memory._runtime.services.indexer
     assert indexer is not None and indexer.wait_idle(30)
-    assert _coverage(memory._runtime.db) == (len(FILLER), len(FILLER))
-    with memory._runtime.db.read() as reads:
+    assert _coverage(memory._runtime.services.storage) == (len(FILLER), len(FILLER))
+    with memory._runtime.services.storage.read() as reads:
         assert reads.search_messages("sister's wedding", key=conv.key) == []
     call = {
         "function": {
@@ -224,12 +224,12 @@ def test_q3_memory_rows_fuse_with_their_vectors(start_memory: StartMemory) -> No
             conv,
         )
         assert "error" not in json.loads(stored)
-    indexer = memory._runtime.indexer
+    indexer = memory._runtime.services.indexer
     assert indexer is not None
     indexer.wake()
     deadline = time.monotonic() + 30
     while True:
-        with memory._runtime.db.read() as reads:
+        with memory._runtime.services.storage.read() as reads:
             if reads.vector_coverage().memory_vectors == 2:
                 break
         assert time.monotonic() < deadline

@@ -158,7 +158,7 @@ def _other_owners_source(memory: Memory) -> JobCaller:
 
 
 def _a_conversations_source(memory: Memory) -> JobCaller:
-    source = memory._runtime.db.write(
+    source = memory._runtime.services.storage.write(
         lambda w: w.ensure_source(
             agent_id="agent", owner_id="alice", source_type="conversation", name="cli:1"
         )
@@ -221,7 +221,7 @@ def test_m9_sc3_a_job_caller_naming_another_agents_job_source_cannot_plant_a_row
 ) -> None:
     # Only the caller's type used to be checked: any existing source id passed, so a run
     # could write into another agent's (or owner's) job scope, under that job's name.
-    theirs = memory._runtime.db.write(
+    theirs = memory._runtime.services.storage.write(
         lambda w: w.create_job(
             agent_id="other-agent", name="digest", schedule="@daily", prompt="p", owner_id="bob"
         )
@@ -245,7 +245,7 @@ def test_m9_sc3_a_forged_caller_refusal_is_a_typed_access_denied_error(memory: M
     from fermix.runtime import jobs
 
     caller = _unknown_source(memory)
-    with memory._runtime.db.read() as reads, pytest.raises(AccessDeniedError):
+    with memory._runtime.services.storage.read() as reads, pytest.raises(AccessDeniedError):
         jobs.check_caller(reads, caller)
 
 

@@ -87,7 +87,7 @@ def test_b1_b2_a_memory_on_postgresql_runs_a_host_and_reads_it_all_back_when_reo
     pg_home: Path, start_memory: StartMemory, model_server: ModelServer
 ) -> None:
     memory = start_memory()  # config None: the home's config.toml, as a host reads it
-    assert memory._runtime.db.shared  # the store the config named, not memory.db
+    assert memory._runtime.services.storage.shared  # the store the config named, not memory.db
     conv = memory.conversation("tutor", "telegram", "42", owner_id="ana")
 
     # a turn
@@ -126,11 +126,11 @@ def test_b1_b2_a_memory_on_postgresql_runs_a_host_and_reads_it_all_back_when_reo
     assert asked.id in _recall(memory, conv, "green tea")
 
     # the background embedder's vectors, fused into recall
-    indexer = memory._runtime.indexer
+    indexer = memory._runtime.services.indexer
     assert indexer is not None
     indexer.wake()
     assert indexer.wait_idle(60.0)
-    with memory._runtime.db.read() as reads:
+    with memory._runtime.services.storage.read() as reads:
         assert indexing.active(reads) is indexer  # searches of this store find it
         covered = reads.vector_coverage()
     assert covered.message_vectors == covered.messages == 2 + 2 * 40 + 1  # and the checkpoint

@@ -190,7 +190,7 @@ def test_m3_the_default_bound_is_the_model_timeout_per_model_plus_a_margin(
     memory = start_memory(
         config_for(model_server, fallbacks=("backup",), timeout_s=7.0, context_window=WINDOW)
     )
-    assert memory._runtime.compacting.wait_s() == 2 * 7.0 + 10.0
+    assert memory._runtime.services.compacting.wait_s() == 2 * 7.0 + 10.0
 
 
 # -- reviews ------------------------------------------------------------------------------
@@ -235,7 +235,7 @@ def test_m3_the_pools_are_sized_by_config_and_each_actor_is_restarted_after_a_cr
         model=config.model,
     )
     memory = start_memory(config)
-    tree = memory._runtime.tree
+    tree = memory._runtime.services.tree
     ids = [info.id for info in tree.which_children()]
     assert ids == [
         *("reviewer", "reviewer-2", "reviewer-3"),
@@ -254,7 +254,7 @@ def test_m3_the_pools_are_sized_by_config_and_each_actor_is_restarted_after_a_cr
         assert tree.await_child(child) is not before
     assert memory.compact(conv).reason == "cold"
     assert memory.review(memory.conversation("agent", "tg", "2")).skip is Skip.NO_NEW_MESSAGES
-    assert memory._runtime.compactors.pending() == [0, 0, 0, 0]
+    assert memory._runtime.services.compactors.pending() == [0, 0, 0, 0]
     assert memory.failure is None
 
 
@@ -266,7 +266,7 @@ def test_m3_a_conversations_requests_keep_their_order_on_one_actor(
     model_server.hang(release)
     a.commit("over the threshold", usage={"prompt_tokens": OVER})  # a compaction, told
     assert model_server.wait_for_requests(1, timeout=30)
-    pool = memory._runtime.compactors
+    pool = memory._runtime.services.compactors
     assert sorted(pool.pending()) == [0, 1]
     second = _InThread(lambda: memory.compact(a))  # queues behind A's, on the same actor
     # a third conversation goes to the free one, not behind A

@@ -575,7 +575,7 @@ def test_c5_a_new_owner_sees_the_agents_shared_rows_on_the_first_compose(fermix_
     from fermix.api import Memory
 
     with Memory(fermix_home) as memory:
-        memory._runtime.writer.write_rows(
+        memory._runtime.services.writer.write_rows(
             lambda w: [
                 w.upsert_row(
                     agent_id="bot",

@@ -51,7 +51,7 @@ class ConversationMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS))
     def crash(self, key: ConversationKey) -> None:
-        supervisor = self.memory._runtime.tree.await_child("conversations")
+        supervisor = self.memory._runtime.services.tree.await_child("conversations")
         try:
             # waits out a restart in progress
             ref = supervisor.await_child(child_id(key))  # type: ignore[union-attr]
@@ -62,7 +62,7 @@ class ConversationMachine(RuleBasedStateMachine):
 
     @rule(key=st.sampled_from(KEYS))
     def passivate(self, key: ConversationKey) -> None:
-        self.memory._runtime.registry.passivate(key)
+        self.memory._runtime.services.registry.passivate(key)
 
     @precondition(lambda self: self.counter % 3 == 0)
     @rule()
@@ -75,7 +75,7 @@ class ConversationMachine(RuleBasedStateMachine):
         with reading(self.home) as reads:
             for key in KEYS:
                 assert [m.content for m in reads.messages(key)] == self.acked[key]
-        assert self.memory._runtime.registry.live_count() <= 3
+        assert self.memory._runtime.services.registry.live_count() <= 3
 
     def teardown(self) -> None:
         self.memory.close()

@@ -22,6 +22,7 @@ from factories import Clock, StartMemory, config_for, fact, memory_row, reading
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from model_server import ModelServer
+from rig import Rig
 
 from fermix import model
 from fermix.api import Memory
@@ -30,12 +31,9 @@ from fermix.core import categories
 from fermix.core.review import CUT_MARK, ReviewResult, Skip, pack_backlog, pick_rows, row_tokens
 from fermix.core.review_answer import NOTHING_TO_SAVE
 from fermix.home import Home
-from fermix.model import ConversationKey, ConversationState, MemoryRow, Message, NewMessage
+from fermix.model import ConversationKey, ConversationState, MemoryRow, Message
 from fermix.runtime.prompt_files import PromptFiles, disk
-from fermix.runtime.reviewing import Reviewing
-from fermix.runtime.writer import Writer
 from fermix.storage import Writes
-from fermix.storage.sqlite.database import Database
 from fermix.token_counts import MESSAGE_OVERHEAD_TOKENS, count_tokens
 
 MODEL = "openai/reviewer"
@@ -47,34 +45,12 @@ reviewer_config = functools.partial(config_for, primary=MODEL, memory=MemoryConf
 """``config_for`` the loopback server with the reviewer's defaults (background review on)."""
 
 
-class Rig:
-    """One home wired as a process wires it: database, write path, prompt files, reviewing."""
-
-    def __init__(self, home: Path, config: Config, clock: Callable[[], int]) -> None:
-        self.home = home
-        self.config = config
-        self.db = Database(home / "memory.db")
-        self.files = PromptFiles(Home(home), self.db)
-        self.writer = Writer(self.db, self.files)
-        self.reviewing = Reviewing(config, self.db, self.writer, clock=clock)
-
-    def say(
-        self, key: ConversationKey, text: str, *, owner_id: str = "alice", role: str = "user"
-    ) -> Message:
-        new = NewMessage(key, role, text, owner_id=owner_id, sender=owner_id)
-        return self.writer.append(new, trust="operator")
-
-    def close(self) -> None:
-        self.files.settle()
-        self.db.close()
-
-
 @pytest.fixture
 def make_rig(home: Path, model_server: ModelServer, clock: Clock) -> Iterator[Callable[..., Rig]]:
     rigs: list[Rig] = []
 
     def make(config: Config | None = None) -> Rig:
-        rigs.append(Rig(home, config or reviewer_config(model_server), clock))
+        rigs.append(Rig(home, config or reviewer_config(model_server), clock=clock))
         return rigs[-1]
 
     yield make

@@ -2,14 +2,15 @@
 Reviewer actor, the prompt files and litellm over real loopback HTTP to the scripted model
 server (E1-E10, C1, C2, SC2, SC3).
 
-Each test wires a home as a process does (:class:`Rig`: ``Database``, ``Writer``,
-``PromptFiles``, ``Reviewing`` with the test's clock); the model's answers are scripted per
-test, and everything between them and the database is the real path. Hostile answers are
-checked against a snapshot of every memories row, every memory source, every prompt-file
-revision and every file under ``memory/``: a refused or rejected answer changes none of
-them. The dispatch after a turn and the sweep are tested through ``Memory``; the command
-line through :func:`fermix.cli.main` in this process, and as real processes (marked slow)
-where the process is the point: ``--now`` from a fresh process, and two at once.
+Each test wires a home as a process does (the shared :class:`rig.Rig`: the composition
+root's store, writer, prompt files and ``Reviewing``, with the test's clock); the model's
+answers are scripted per test, and everything between them and the database is the real
+path. Hostile answers are checked against a snapshot of every memories row, every memory
+source, every prompt-file revision and every file under ``memory/``: a refused or rejected
+answer changes none of them. The dispatch after a turn and the sweep are tested through
+``Memory``; the command line through :func:`fermix.cli.main` in this process, and as real
+processes (marked slow) where the process is the point: ``--now`` from a fresh process, and
+two at once.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from typing import Any
 import pytest
 from factories import Clock, StartMemory, config_for, fact, reading
 from model_server import ModelServer
+from rig import Rig
 
 from fermix import model
 from fermix.actors.reviewer import Review, Reviewer
 from fermix.api import Memory
 from fermix.cli import EXIT_USAGE, main
-from fermix.clock import now_ms
 from fermix.config import Config, MemoryConfig
 from fermix.core import categories
 from fermix.core.review import CLAIM_TTL_MS, ReviewResult, Skip
@@ -45,14 +46,9 @@ from fermix.model import (
     ConversationKey,
     ConversationState,
     MemoryRow,
-    Message,
-    NewMessage,
 )
-from fermix.runtime.prompt_files import PromptFiles, disk
-from fermix.runtime.reviewing import Reviewing
-from fermix.runtime.writer import Writer
+from fermix.runtime.prompt_files import disk
 from fermix.storage.sqlite.connection import fetch_rows
-from fermix.storage.sqlite.database import Database
 from fermix.storage.sqlite.migrations import open_database
 
 MODEL = "openai/reviewer"
@@ -66,57 +62,13 @@ reviewer_config = functools.partial(config_for, primary=MODEL, memory=MemoryConf
 its model ``MODEL``; keywords given replace those."""
 
 
-class Chat:
-    """One conversation of the rig, written through the writer as a host's turns are."""
-
-    def __init__(self, writer: Writer, key: ConversationKey, *, owner_id: str, trust: str):
-        self._writer = writer
-        self.key = key
-        self.owner_id = owner_id
-        self.trust = trust
-
-    def append(self, role: str, text: str) -> Message:
-        sender = {"user": self.owner_id, "assistant": "assistant"}.get(role, "")
-        new = NewMessage(self.key, role, text, owner_id=self.owner_id, sender=sender)
-        return self._writer.append(new, trust=self.trust)
-
-    def append_user(self, text: str) -> Message:
-        return self.append("user", text)
-
-    def append_assistant(self, text: str) -> Message:
-        return self.append("assistant", text)
-
-
-class Rig:
-    """One home wired as a process wires it: database, write path, prompt files, reviewing."""
-
-    def __init__(self, home: Path, config: Config, clock: Callable[[], int]) -> None:
-        self.home = home
-        self.db = Database(home / "memory.db")
-        self.writer = Writer(self.db, PromptFiles(Home(home), self.db))
-        self.reviewing = Reviewing(config, self.db, self.writer, clock=clock)
-
-    def conversation(
-        self, chat_id: str, *, owner_id: str, trust: str = "operator", agent_id: str = "agent"
-    ) -> Chat:
-        key = ConversationKey(agent_id, "tg", chat_id)
-        return Chat(self.writer, key, owner_id=owner_id, trust=trust)
-
-    def review(self, chat: Chat, *, force: bool = True) -> ReviewResult:
-        """As ``Memory.review`` and ``--now``: forced unless told otherwise."""
-        return self.reviewing.review(chat.key, force=force)
-
-    def close(self) -> None:
-        self.db.close()
-
-
 @pytest.fixture
 def make_rig(home: Path, model_server: ModelServer, clock: Clock) -> Iterator[Callable[..., Rig]]:
     """Wire the home with ``config`` (default: the loopback model); closed after the test."""
     rigs: list[Rig] = []
 
     def make(config: Config | None = None) -> Rig:
-        rigs.append(Rig(home, config or reviewer_config(model_server), clock))
+        rigs.append(Rig(home, config or reviewer_config(model_server), clock=clock))
         return rigs[-1]
 
     yield make
@@ -1097,7 +1049,7 @@ def fermix_cli(home: Path, *args: str) -> subprocess.Popen[str]:
 
 def appended(home: Path, chats: dict[str, list[str]], owner_id: str = "alice") -> None:
     """Store user messages in conversations of agent ``agent``, with no reviewer running."""
-    rig = Rig(home, Config(), now_ms)
+    rig = Rig(home, Config())
     try:
         for chat, texts in chats.items():
             conv = rig.conversation(chat, owner_id=owner_id)

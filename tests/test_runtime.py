@@ -13,7 +13,7 @@ from fermix.config import Config
 from fermix.errors import InvalidInputError
 from fermix.home import Home
 from fermix.model import ConversationKey
-from fermix.runtime import engine
+from fermix.runtime import composition
 from fermix.runtime.engine import Runtime
 
 
@@ -41,7 +41,7 @@ def test_h1_a_tree_that_fails_to_start_leaves_the_database_closed(
         raise Refused("the tree did not start")
 
     runtime = Runtime(Home(home), Config())
-    monkeypatch.setattr(engine.Supervisor, "start", refuse)
+    monkeypatch.setattr(composition.Supervisor, "start", refuse)
     with pytest.raises(Refused):
         runtime.start()
     assert open_descriptors(home / "memory.db") == 0

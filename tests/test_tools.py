@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from fermix import model
+from fermix.config import Config
 from fermix.core import categories, tool_calls
 from fermix.errors import InvalidInputError
 from fermix.home import Home
 from fermix.model import ConversationKey, JobCaller, MemoryRow, NewMessage
+from fermix.runtime.engine import Runtime
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Writes
@@ -375,22 +377,20 @@ def test_t4_a_caller_that_is_no_conversation_comes_back_as_an_error(setup: Setup
     assert set(out) == {"error"}
 
 
-def test_t4_the_tools_read_the_runtime_on_every_call(tmp_path: Path) -> None:
-    opened = open_setup(tmp_path / "home")
-
-    class Runtime:
-        db: Database
-        writer: Writer
-
-    runtime = Runtime()
-    tools = MemoryTools(runtime)  # made before the runtime has opened its database
-    conv = opened.conversation("agent", "1")
+def test_t4_tools_made_before_their_runtime_starts_refuse_until_it_runs(tmp_path: Path) -> None:
+    runtime = Runtime(Home(tmp_path / "home"), Config())
+    tools = MemoryTools(runtime)  # made before the runtime has built its services
+    conv = Caller(ConversationKey("agent", "cli", "1"))
     early = json.loads(tools.run(_call("memory_store", key="k", value="v"), conv))
-    assert "not open" in early["error"]
-    runtime.db, runtime.writer = opened.db, opened.writer
-    out = json.loads(tools.run(_call("memory_store", key="k", value="v"), conv))
-    assert out["stored"]["value"] == "v"
-    opened.db.close()
+    assert "not running" in early["error"]
+    runtime.start()
+    try:
+        out = json.loads(tools.run(_call("memory_store", key="k", value="v"), conv))
+        assert out["stored"]["value"] == "v"
+    finally:
+        runtime.close()
+    late = json.loads(tools.run(_call("memory_store", key="k", value="w"), conv))
+    assert "not running" in late["error"]
 
 
 def test_t2_fts_syntax_in_a_query_is_inert(setup: Setup) -> None:

@@ -89,11 +89,8 @@ def cmd_rebuild(ctx: CommandContext, args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from fermix.cli.output import console, print_json
-    from fermix.config import load_config
-    from fermix.runtime.indexing import Indexer
 
-    config = load_config(ctx.home.config_path).embedding
-    indexer = Indexer.from_config(ctx.db(), ctx.writer(), config)
+    indexer = ctx.services().indexer
     if indexer is None:
         raise ConfigError("embedding is off: set [fermix_core.embedding] enabled = true")
     indexer.record()

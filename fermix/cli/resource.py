@@ -184,7 +184,7 @@ def cmd_diff(ctx: CommandContext, args: argparse.Namespace) -> int:
 
 def cmd_rollback(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix resource rollback NAME REV``: write revision REV back to the file."""
-    result = ctx.writer().files.rollback(args.agent, args.name, args.rev, owner_id=args.owner)
+    result = ctx.services().files.rollback(args.agent, args.name, args.rev, owner_id=args.owner)
     recorded = None if result.revision is None else result.revision.revision
     if args.json:
         print_json(

@@ -36,20 +36,18 @@ def cmd_review(ctx: CommandContext, args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
     from fermix.cli.output import console, print_json, table
-    from fermix.config import load_config
-    from fermix.runtime.reviewing import Reviewing
 
     channel = chat_id = None
     if args.conversation is not None:
         channel, sep, chat_id = args.conversation.partition(":")
         if not sep or not channel or not chat_id:
             raise InvalidInputError("--conversation must look like CHANNEL:CHAT_ID")
-    db = ctx.db()
-    with db.read() as reads:
+    services = ctx.services()
+    with services.storage.read() as reads:
         pending = reads.with_new_user_messages(
             agent_id=args.agent, owner_id=args.owner, channel=channel, chat_id=chat_id
         )
-    reviewing = Reviewing(load_config(ctx.home.config_path), db, ctx.writer())
+    reviewing = services.reviewing
     results: list[ReviewResult] = []
     with Progress(
         SpinnerColumn(),

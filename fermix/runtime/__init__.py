@@ -1,6 +1,8 @@
 """The private runtime both facades share: it orders and owns every write.
 
-:mod:`~fermix.runtime.engine` wires one process together, with :mod:`~fermix.runtime.pool`
+:mod:`~fermix.runtime.composition` is the one composition root: it builds every service of
+a process from a home and a config, for :mod:`~fermix.runtime.engine` (the ``Runtime`` the
+facades call), the CLI and the tests; :mod:`~fermix.runtime.pool`
 (requests to the pooled Reviewers and Compactors), :mod:`~fermix.runtime.timer` (the
 periodic sweep and passivation), :mod:`~fermix.runtime.windows` (what conversation actors
 read); :mod:`~fermix.runtime.writer` is the one write path;

@@ -1,9 +1,10 @@
-"""``Runtime``: the private object that wires one process's fermix together.
+"""``Runtime``: the private object behind both facades in one process.
 
-It opens the database, builds the one write path (:class:`~fermix.runtime.writer.Writer`)
-and the prompt files, starts the supervised actor tree (a pool of Reviewers, a pool of
-Compactors and a dynamic supervisor of ConversationStore actors found through the registry),
-runs the due-review sweep on a timer (M7), and offers the facades
+It builds the process's services through the composition root
+(:func:`~fermix.runtime.composition.build`: the store, the one write path, the prompt
+files, the supervised actor tree of Reviewers, Compactors and ConversationStore actors,
+the timer, the embedder), starts them, runs the due-review sweep on the timer (M7), and
+offers the facades
 (:class:`~fermix.api.Memory`, :class:`~fermix.conversation.Conversation`, the tools, the CLI,
 the service) the few operations they need. Nothing here is public API.
 
@@ -16,21 +17,25 @@ every wait a turn makes on a pool is bounded by the model timeout plus a margin.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
 
 import pykka
 
 from fermix import llm
-from fermix.actors.compactor import Compact, Compactor
-from fermix.actors.conversation import Appended, ConversationStore, History, Reload, StateQuery
-from fermix.actors.reviewer import Review, Reviewer
+from fermix.actors.compactor import Compact
+from fermix.actors.conversation import History, Reload, StateQuery
+from fermix.actors.reviewer import Review
 from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
+from fermix.core.tool_calls import ToolCall
 from fermix.errors import (
     ActorUnavailableError,
     FermixError,
@@ -42,30 +47,32 @@ from fermix.model import (
     AppendResult,
     ConversationKey,
     ConversationState,
+    MemoryRow,
     Message,
     NewMessage,
     PendingAppend,
 )
-from fermix.runtime.compacting import Compacting
-from fermix.runtime.indexing import Indexer
-from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
-from fermix.runtime.prompt_files import PromptFiles, disk
-from fermix.runtime.registry import ConversationRegistry, conversation_spec
-from fermix.runtime.reviewing import SWEEP_AGAIN_S, SWEEP_CLAIMS_PER_WORKER, Reviewing
-from fermix.runtime.timer import Timer
-from fermix.runtime.windows import Windows
-from fermix.runtime.writer import Writer
-from fermix.storage import Storage, open_storage
-from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
+from fermix.runtime import recall
+from fermix.runtime.access import Tokens
+from fermix.runtime.composition import Services, build
+from fermix.runtime.prompt_files import FileResult
+from fermix.runtime.reviewing import SWEEP_AGAIN_S, SWEEP_CLAIMS_PER_WORKER
+from fermix.runtime.writer import RowsWritten
+from fermix.storage import Reads, Writes
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class Runtime:
-    """One home's database, write path, prompt files and actor tree, in this process.
+    """One home's services in this process, and the operations the facades call.
 
-    ``clock`` (epoch milliseconds) and ``monotonic`` (seconds) are the times the gates and
-    the passivation read; ``route`` replaces the configured model route. Tests pass them.
+    :meth:`start` builds the services (:func:`~fermix.runtime.composition.build`) and
+    starts them; every other method refuses while the runtime is not running. The keywords
+    are :func:`~fermix.runtime.composition.build`'s seams: ``clock`` (epoch milliseconds)
+    and ``monotonic`` (seconds) are the times the gates and the passivation read;
+    ``route`` replaces the configured model route. Tests pass them.
     """
 
     def __init__(
@@ -85,128 +92,73 @@ class Runtime:
             raise InvalidInputError(f"conversation_cap must be an integer >= 1, not {cap!r}")
         if isinstance(idle_s, bool) or not isinstance(idle_s, int | float) or not idle_s > 0:
             raise InvalidInputError(f"idle_s must be a number of seconds > 0, not {idle_s!r}")
-        self.home = home
-        self.config = config
-        self._cap = conversation_cap
-        self._idle_s = idle_s
-        self._vfs = vfs
-        self._clock = clock
-        self._monotonic = monotonic
-        self._route = route
+        self._config = config
+        self._build = functools.partial(
+            build,
+            home,
+            config,
+            vfs=vfs,
+            conversation_cap=conversation_cap,
+            idle_s=idle_s,
+            clock=clock,
+            monotonic=monotonic,
+            route=route,
+        )
+        self._services: Services | None = None
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
-        self.failure: SupervisorEscalationError | None = None
-        """Why the actor tree gave up, if it did; every later call then raises."""
         self.wait_s: float | None = None
         """How long a turn waits for its compaction; None derives it from the model timeout
         (:meth:`~fermix.runtime.compacting.Compacting.wait_s`). Tests set it."""
-        self.indexer: Indexer | None = None
-        """The background embedder (Q2), None when ``[fermix_core.embedding]`` is off."""
-        self.timer = Timer()
-        """The thread of the periodic work: passivation (A7) and, unless
-        ``sweep_interval_s`` is 0, the sweep for due reviews (M7)."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open the store ``[fermix_core.storage]`` chooses (migrating it) and start the
-        actor tree.
+        """Build the services (opening and migrating the store ``[fermix_core.storage]``
+        chooses) and start the actor tree, the timer and the embedder.
 
-        If the tree fails to start, the database is closed again before the error
+        If the tree fails to start, the store is closed again before the error
         propagates: nothing is left open.
         """
         with self._lock:
             if self._started:
                 return
-            disk.make_private_dir(self.home.root)
-            self.db: Storage = open_storage(self.home, self.config, vfs=self._vfs)
+            services = self._build()
             try:
-                self._start_tree()
+                services.start()
             except BaseException:
-                self.db.close()
+                services.close()
                 raise
+            self._services = services
             self._started = True
-            self.timer.start()
-            self.indexer = Indexer.from_config(self.db, self.writer, self.config.embedding)
-            if self.indexer is not None:
-                self.indexer.start()
-        if self.reviewing.route.primary is None:
+            interval = self._config.memory.sweep_interval_s
+            if interval > 0:
+                services.timer.every("sweep", interval, self._sweep_from_timer)
+        if services.reviewing.route.primary is None:
             log.warning("%s", llm.NO_MODEL_OFF)  # once per start, not per turn (M8)
 
-    def _start_tree(self) -> None:
-        db, config = self.db, self.config
-        self.files = PromptFiles(self.home, db)
-        self.writer = Writer(db, self.files, deliver=self._deliver)
-        self.reviewing = Reviewing(config, db, self.writer, clock=self._clock, route=self._route)
-        self.compacting = Compacting(
-            config,
-            db,
-            self.writer,
-            clock=self._clock,
-            route=self._route,
-            on_compacted=self._reload_window,
-        )
-        windows = Windows(db)
-        max_history = config.memory.max_conversation_history
-        compacting = self.compacting
-        reviewing = self.reviewing
-        tree = self._current_tree  # set once the tree has started; the pools ask it later
-        reviewers = self.reviewers = Pool("reviewer", config.memory.review_workers, tree)
-        compactors = self.compactors = Pool("compactor", config.compaction.workers, tree)
-        self.tree = Supervisor(
-            [
-                *reviewers.specs(lambda n: Reviewer.start(PooledReviews(reviewing, reviewers, n))),
-                *compactors.specs(
-                    lambda n: Compactor.start(PooledCompactions(compacting, compactors, n))
-                ),
-                ChildSpec(
-                    "conversations",
-                    lambda: Supervisor(
-                        name="conversations", intensity=Intensity(max_restarts=20)
-                    ).start(),
-                    restart=Restart.PERMANENT,
-                ),
-            ],
-            name="fermix",
-            on_escalate=self._escalated,
-        ).start()
-        try:
-            self.registry = ConversationRegistry(
-                lambda: self._child_supervisor("conversations"),
-                lambda key: conversation_spec(
-                    key,
-                    lambda: ConversationStore.start(key, source=windows, max_history=max_history),
-                ),
-                cap=self._cap,
-                idle_s=self._idle_s,
-                monotonic=self._monotonic,
-            )
-            self.timer.every("passivation", max(self._idle_s / 2, 0.05), self._passivate)
-            interval = config.memory.sweep_interval_s
-            if interval > 0:
-                self.timer.every("sweep", interval, self._sweep_from_timer)
-        except BaseException:
-            self.tree.stop()
-            raise
-
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the sweep and the tree gracefully (queued writes and prompt-file rebuilds
-        finish first), then close the database."""
+        """Stop the sweep and the tree gracefully (queued writes finish first), then close
+        the store."""
         with self._lock:
             if not self._started or self._closed:
                 self._closed = True
                 return
             self._closed = True
-        try:
-            self.timer.stop(timeout)
-            if self.indexer is not None:
-                self.indexer.stop(timeout)
-            self.registry.stop()
-            self.tree.stop(timeout=timeout)
-            self.files.settle()  # prompt-file rebuilds queued by reviews and composes
-        finally:
-            self.db.close()
+        self.services.close(timeout)
+
+    @property
+    def services(self) -> Services:
+        """The services :meth:`start` built (tests and benchmarks look at them here)."""
+        if self._services is None:
+            raise ActorUnavailableError("Memory is not running: use it as a context manager")
+        return self._services
+
+    @property
+    def failure(self) -> SupervisorEscalationError | None:
+        """Why the actor tree gave up, if it did; every later call then raises."""
+        return None if self._services is None else self._services.failure
 
     @property
     def running(self) -> bool:
@@ -215,31 +167,18 @@ class Runtime:
 
     def check_running(self) -> None:
         """Raise :class:`ActorUnavailableError` unless the runtime can serve calls."""
-        if self.failure is not None:
-            raise ActorUnavailableError(f"fermix stopped after a failure: {self.failure}")
+        failure = self.failure
+        if failure is not None:
+            raise ActorUnavailableError(f"fermix stopped after a failure: {failure}")
         if not self._started or self._closed:
             raise ActorUnavailableError("Memory is not running: use it as a context manager")
 
-    def _escalated(self, error: SupervisorEscalationError) -> None:
-        log.critical("fermix actor tree gave up: %s", error)
-        self.failure = error
-
-    def _current_tree(self) -> Supervisor:
-        return self.tree
-
-    def _child_supervisor(self, child_id: str) -> Supervisor:
-        # Waits while the parent restarts it (it gave up), rather than failing the caller.
-        child = self.tree.await_child(child_id)
-        assert isinstance(child, Supervisor)
-        return child
+    def _running(self) -> Services:
+        """The services, once :meth:`check_running` let the call through."""
+        self.check_running()
+        return self.services
 
     # -- conversations -----------------------------------------------------------------
-
-    def _deliver(self, stored: Message) -> None:
-        # Called by the writer after the commit, still in the conversation's order.
-        self.registry.tell_if_live(stored.key, Appended(stored))
-        if self.indexer is not None:
-            self.indexer.wake()  # embeds behind the append, never on its path (Q2)
 
     def append(
         self,
@@ -251,43 +190,88 @@ class Runtime:
     ) -> AppendResult:
         """Store ``new``; returns once it is committed (A1). ``owner_id`` and ``trust`` are
         the conversation's, ``new`` carries its author's (M1)."""
-        self.check_running()
-        return self.writer.append_keyed(
+        services = self._running()
+        return services.writer.append_keyed(
             new, trust=trust, peak_prompt_tokens=peak_prompt_tokens, owner_id=owner_id
         )
 
     def append_many(self, pending: Sequence[PendingAppend]) -> list[AppendResult | BaseException]:
         """Store each of ``pending`` in order, sharing commits; each one's result or error."""
-        self.check_running()
-        return self.writer.append_many(pending)
+        services = self._running()
+        return services.writer.append_many(pending)
 
     def history(self, key: ConversationKey, limit: int | None = None) -> list[Message]:
         """The window of ``key``, oldest first, from its actor."""
-        self.check_running()
-        window: list[Message] = self.registry.ask(key, History(limit))
+        services = self._running()
+        window: list[Message] = services.registry.ask(key, History(limit))
         return window
 
     def state(self, key: ConversationKey) -> ConversationState | None:
         """The stored state of ``key``, read fresh."""
-        self.check_running()
-        state: ConversationState | None = self.registry.ask(key, StateQuery())
+        services = self._running()
+        state: ConversationState | None = services.registry.ask(key, StateQuery())
         return state
 
     def reload(self, key: ConversationKey) -> None:
         """Make the actor of ``key`` read its window again from SQLite."""
-        self.check_running()
-        self.registry.ask(key, Reload())
+        services = self._running()
+        services.registry.ask(key, Reload())
 
-    def _reload_window(self, key: ConversationKey) -> None:
-        # Called after a compaction or /new committed: the actor re-reads its window.
-        try:
-            self.registry.tell(key, Reload())
-        except ActorUnavailableError:
-            log.warning("could not reload the window of %s after a compaction", key)
+    def memory_files(self, agent_id: str, owner_id: str) -> tuple[str, str]:
+        """The current USER.md and MEMORY.md of ``agent_id`` and ``owner_id``."""
+        return self._running().files.texts(agent_id, owner_id)
+
+    def trust_of(self, owner_id: str) -> str:
+        """The trust the config gives ``owner_id`` when a host does not say (M2)."""
+        return self._config.trust_of(owner_id)
 
     def live_conversations(self) -> int:
         """How many conversation actors are live."""
-        return self.registry.live_count()
+        return self.services.registry.live_count()
+
+    def passivated(self) -> int:
+        """How many conversation actors were stopped for idleness or the cap (A7)."""
+        return self.services.registry.passivated
+
+    def children(self) -> list[str]:
+        """The ids of the supervision tree's children, in start order."""
+        return [info.id for info in self.services.tree.which_children()]
+
+    def in_flight(self) -> tuple[list[int], list[int]]:
+        """The reviews and the compactions each pooled actor has been sent and not yet
+        finished (the pools' own bookkeeping: a lock, no query)."""
+        services = self.services
+        return services.reviewers.pending(), services.compactors.pending()
+
+    # -- the store and the write path, for the facades (S7, P2, M9, N2, T1-T4) -----------
+
+    def read(self) -> AbstractContextManager[Reads]:
+        """A read session of the store."""
+        return self._running().storage.read()
+
+    def write(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """Commit ``unit`` through the one write path; its result once committed."""
+        return self._running().writer.write(unit, label=label)
+
+    def write_rows(
+        self, unit: Callable[[Writes], Sequence[MemoryRow]], *, label: str, reason: str
+    ) -> RowsWritten:
+        """Commit memory rows, then rebuild the prompt files they show in."""
+        return self._running().writer.write_rows(unit, label=label, reason=reason)
+
+    def rollback(self, agent_id: str, name: str, revision: int, *, owner_id: str) -> FileResult:
+        """Write revision ``revision`` of prompt file ``name`` back (P2)."""
+        return self._running().files.rollback(agent_id, name, revision, owner_id=owner_id)
+
+    def tokens(self) -> Tokens:
+        """The memory server's bearer tokens of this home (N2)."""
+        services = self._running()
+        return Tokens(services.storage, services.writer)
+
+    def run_tool(self, call: ToolCall, caller: recall.Caller) -> dict[str, Any]:
+        """Run one checked memory tool call for ``caller`` (T1-T4)."""
+        services = self._running()
+        return recall.run(services.storage, services.writer, call, caller)
 
     # -- post-delivery work: reviewers and compactors (E1, K3, M3) -----------------------
 
@@ -297,7 +281,9 @@ class Runtime:
         Only tells: each actor checks its own gates on its own thread, and a failure to
         dispatch is logged, never raised into the host's turn (E1).
         """
-        for pool, message in ((self.reviewers, Review(key)), (self.compactors, Compact(key))):
+        services = self.services
+        dispatches = ((services.reviewers, Review(key)), (services.compactors, Compact(key)))
+        for pool, message in dispatches:
             try:
                 pool.tell(key, message)
             except (FermixError, pykka.ActorDeadError) as exc:
@@ -310,18 +296,20 @@ class Runtime:
         Reviewer is free (M3); a forced review may take a backlog in several model calls,
         so this wait has no bound (a turn never makes it: ``commit`` only tells).
         """
-        self.check_running()
-        result: ReviewResult = self.reviewers.ask(key, Review(key, force), timeout=None)
+        services = self._running()
+        result: ReviewResult = services.reviewers.ask(key, Review(key, force), timeout=None)
         return result
 
     def compact(self, key: ConversationKey, *, force: bool = False) -> CompactionResult:
         """Compact ``key`` now if due (``force``: whatever its peak) and wait for it, at most
         the model timeout plus a margin (M3): past it the result is ``failed`` and the
         compaction goes on in the background."""
-        self.check_running()
-        wait = self.wait_s if self.wait_s is not None else self.compacting.wait_s()
+        services = self._running()
+        wait = self.wait_s if self.wait_s is not None else services.compacting.wait_s()
         try:
-            result: CompactionResult = self.compactors.ask(key, Compact(key, force), timeout=wait)
+            result: CompactionResult = services.compactors.ask(
+                key, Compact(key, force), timeout=wait
+            )
         except pykka.Timeout:
             log.warning(
                 "no compaction of %s/%s within %g s: the turn goes on without it",
@@ -338,21 +326,21 @@ class Runtime:
         compaction is not due returns None at once, with no ask to any actor. A due one
         waits for its own compaction only, bounded as :meth:`compact`.
         """
-        self.check_running()
-        if not self.compacting.due(key):
+        services = self._running()
+        if not services.compacting.due(key):
             return None
         return self.compact(key)
 
     def clear_window(self, key: ConversationKey) -> int:
         """Start the window of ``key`` after its newest message (``/new``, ``/clear``)."""
-        self.check_running()
-        return self.compacting.clear_window(key)
+        services = self._running()
+        return services.compacting.clear_window(key)
 
     # -- the sweep (E1, M7) --------------------------------------------------------------
 
     def tick(self) -> int:
         """Sweep once now: claim due conversations and dispatch a review of each that has
-        none pending in this process; returns how many were dispatched. The :attr:`timer`
+        none pending in this process; returns how many were dispatched. The services' timer
         calls it every ``sweep_interval_s``, counting from the last sweep, whoever ran it.
 
         The claim is one write over the store (M7, B2): the sweeps of other processes, on
@@ -361,32 +349,26 @@ class Runtime:
         each, less what they have pending); the rest stays due for the next sweep, here or
         in another process. A claim no review here takes goes back at once.
         """
-        self.check_running()
-        self.timer.ran("sweep")
-        room = SWEEP_CLAIMS_PER_WORKER * len(self.reviewers.ids) - sum(self.reviewers.pending())
-        claimed = self.reviewing.claim_due(room)
+        services = self._running()
+        services.timer.ran("sweep")
+        reviewers = services.reviewers
+        room = SWEEP_CLAIMS_PER_WORKER * len(reviewers.ids) - sum(reviewers.pending())
+        claimed = services.reviewing.claim_due(room)
         if len(claimed) >= room:
             # Full (or the reviewers were): more may be due. The timer sweeps again soon, so
             # a backlog of many conversations drains at the reviewers' pace, not one
             # sweep_interval_s per handful.
-            self.timer.soon("sweep", SWEEP_AGAIN_S)
+            services.timer.soon("sweep", SWEEP_AGAIN_S)
         sent = 0
         for key in claimed:
             try:
-                if self.reviewers.tell(key, Review(key), unless_pending=True):
+                if services.reviewers.tell(key, Review(key), unless_pending=True):
                     sent += 1
                     continue
             except (FermixError, pykka.ActorDeadError) as exc:
                 log.error("could not dispatch the review of %s: %s", key, exc)
-            self.reviewing.release(key)
+            services.reviewing.release(key)
         return sent
-
-    def _passivate(self) -> bool:
-        """The timer's passivation of idle conversation actors (A7)."""
-        stopped = self.registry.passivate_idle()
-        if stopped:
-            log.debug("passivated %d idle conversation actors", stopped)
-        return True
 
     def _sweep_from_timer(self) -> bool:
         """One sweep of the timer; False once the runtime can no longer serve."""

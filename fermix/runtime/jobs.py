@@ -12,18 +12,35 @@ caller's agent and owner; its run, when it names one, must be a running run of t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol, TypeVar
+
 from fermix import validate
 from fermix.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from fermix.model import JobCaller, JobRun, MemorySource, ScheduledJob
-from fermix.runtime.writer import Writer
-from fermix.storage import Reads, Storage
+from fermix.storage import Reads, Writes
 
 MAX_ID = 2**63 - 1
 MAX_RUNS_LISTED = 10_000
 
+T = TypeVar("T")
+
+
+class Reading(Protocol):
+    """What the reads here need: read sessions (a store, or the runtime)."""
+
+    def read(self) -> AbstractContextManager[Reads]: ...
+
+
+class Writing(Protocol):
+    """What the writes here need: the one write path (a writer, or the runtime)."""
+
+    def write(self, unit: Callable[[Writes], T], *, label: str) -> T: ...
+
 
 def create_job(
-    writer: Writer,
+    writer: Writing,
     *,
     agent_id: str,
     name: str,
@@ -44,7 +61,7 @@ def create_job(
     )
 
 
-def get_job(db: Storage, job_id: int) -> ScheduledJob | None:
+def get_job(db: Reading, job_id: int) -> ScheduledJob | None:
     """The job ``job_id``, or None."""
     validate.positive_int("job_id", job_id, maximum=MAX_ID)
     with db.read() as reads:
@@ -54,7 +71,7 @@ def get_job(db: Storage, job_id: int) -> ScheduledJob | None:
             return None
 
 
-def list_jobs(db: Storage, *, agent_id: str | None = None) -> list[ScheduledJob]:
+def list_jobs(db: Reading, *, agent_id: str | None = None) -> list[ScheduledJob]:
     """Every job, or the jobs of ``agent_id``, oldest first."""
     if agent_id is not None:
         validate.identifier("agent_id", agent_id)
@@ -62,13 +79,13 @@ def list_jobs(db: Storage, *, agent_id: str | None = None) -> list[ScheduledJob]
         return reads.jobs(agent_id=agent_id)
 
 
-def start_run(writer: Writer, job_id: int) -> JobRun:
+def start_run(writer: Writing, job_id: int) -> JobRun:
     """Record that a run of ``job_id`` started (:class:`NotFoundError` for no such job)."""
     validate.positive_int("job_id", job_id, maximum=MAX_ID)
     return writer.write(lambda w: w.start_run(job_id), label=f"start a run of job {job_id}")
 
 
-def caller_for_run(db: Storage, run_id: int) -> JobCaller:
+def caller_for_run(db: Reading, run_id: int) -> JobCaller:
     """The tools' caller for run ``run_id``: its job's memory source, agent and owner.
 
     :class:`NotFoundError` for no such run; :class:`InvalidInputError` for a run that
@@ -86,7 +103,7 @@ def caller_for_run(db: Storage, run_id: int) -> JobCaller:
 
 
 def finish_run(
-    writer: Writer, run_id: int, *, status: str, output: str = "", error: str | None = None
+    writer: Writing, run_id: int, *, status: str, output: str = "", error: str | None = None
 ) -> JobRun:
     """Record the outcome of a running run: ``succeeded`` with its output, or ``failed``
     with its error (and any partial output). Once only."""
@@ -97,7 +114,7 @@ def finish_run(
     )
 
 
-def list_runs(db: Storage, job_id: int, *, limit: int = 20) -> list[JobRun]:
+def list_runs(db: Reading, job_id: int, *, limit: int = 20) -> list[JobRun]:
     """The newest ``limit`` runs of ``job_id``, newest first (:class:`NotFoundError` for no
     such job)."""
     validate.positive_int("job_id", job_id, maximum=MAX_ID)

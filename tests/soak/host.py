@@ -104,12 +104,13 @@ def take_over_claims(memory: Memory) -> None:
     expiry, as ``fermix memory review --now`` would then: a ``Reviewing`` of its own, on this
     host's database and writer, whose clock reads the expiry (only these reviews see it)."""
     runtime = memory._runtime
-    with runtime.db.read() as reads:
+    with runtime.services.storage.read() as reads:
         claimed = [s for s in reads.conversations() if s.review_claim_token]
     for state in claimed:
         expires = state.review_claim_expires_at or 0
+        services = runtime.services
         reviewing = Reviewing(
-            memory.config, runtime.db, runtime.writer, clock=lambda expires=expires: expires
+            memory.config, services.storage, services.writer, clock=lambda expires=expires: expires
         )
         emit("c", state.chat_id, expires)
         result = reviewing.review(state.key, force=True)
@@ -188,7 +189,7 @@ def main(argv: list[str]) -> int:
                 )
                 return [row]
 
-            written = memory._runtime.writer.write_rows(work, label="soak write")
+            written = memory._runtime.services.writer.write_rows(work, label="soak write")
             emit("W", key, value, written.rows[0].id)
         stop.wait(writer_rng.uniform(0, 0.02))
 

@@ -66,10 +66,10 @@ class Twin:
             )
             return [row]
 
-        return self.memory._runtime.writer.write_rows(work, label="twin write").rows[0].id
+        return self.memory._runtime.services.writer.write_rows(work, label="twin write").rows[0].id
 
     def archive(self, id: int) -> dict[str, Any] | None:
-        written = self.memory._runtime.writer.write_rows(
+        written = self.memory._runtime.services.writer.write_rows(
             lambda w: [w.archive_row(id, by="twin", reason="test")], label="twin archive"
         )
         return _row(written.rows[0])

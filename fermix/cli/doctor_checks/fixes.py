@@ -15,8 +15,8 @@ from fermix.cli.doctor_checks.outcome import Check, Progress, quiet
 from fermix.cli.doctor_checks.permissions import tighten
 from fermix.config import Config
 from fermix.home import Home
-from fermix.runtime.prompt_files import PromptFiles
-from fermix.storage import Repair, open_storage
+from fermix.runtime.composition import build
+from fermix.storage import Repair
 from fermix.storage.integrity import FTS_TABLES
 from fermix.storage.opening import uses_postgres
 
@@ -43,7 +43,8 @@ def apply_fixes(
         return done
     existed = uses_postgres(config) or home.db_path.exists()
     progress("applying migrations" if "migrate" in wanted else "opening the database")
-    db = open_storage(home, config, readers=1)  # creates memory.db, applies migrations
+    services = build(home, config, readers=1)  # creates memory.db, applies migrations
+    db = services.storage
     try:
         if "migrate" in wanted:
             with db.inspection() as reads:
@@ -61,7 +62,7 @@ def apply_fixes(
                 done.append(f"rebuilt {table} from its content table")
         if "prompt_files" in wanted:
             progress("rendering prompt files")
-            rebuilt = PromptFiles(home, db).repair(reason="doctor")
+            rebuilt = services.files.repair(reason="doctor")
             changed = sum(
                 1 for r in rebuilt for f in r.files if f.written or f.revision is not None
             )
@@ -73,7 +74,7 @@ def apply_fixes(
             )
             done.append(f"released {released} expired review claim(s)")
     finally:
-        db.close()
+        services.close()
     return done
 
 

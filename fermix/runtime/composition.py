@@ -1,0 +1,272 @@
+"""The composition root: every service of one process, built from a home and a config.
+
+:func:`build` is the one place that wires fermix together: the store ``[fermix_core.storage]``
+chooses, the one write path (:class:`~fermix.runtime.writer.Writer`) with the prompt files,
+the review and compaction use cases, the pools of Reviewers and Compactors under the
+supervision tree, the registry of conversation actors, the timer and the background
+embedder. The :class:`~fermix.runtime.engine.Runtime` behind ``Memory`` builds its services
+here, and so do the CLI and the tests' rig, so that no two of them wire a piece differently.
+
+Building opens the store and starts no thread: the store, the writer and the prompt files
+serve at once (a CLI command needs nothing more), and :meth:`Services.start` starts the
+tree, the timer and the embedder. :meth:`Services.close` stops what was started in reverse
+order and closes the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from fermix import llm
+from fermix.actors.compactor import Compactor
+from fermix.actors.conversation import Appended, ConversationStore, Reload, WindowSource
+from fermix.actors.reviewer import Reviewer
+from fermix.clock import now_ms
+from fermix.config import Config
+from fermix.errors import ActorUnavailableError, SupervisorEscalationError
+from fermix.home import Home, make_private_dir
+from fermix.model import ConversationKey, Message
+from fermix.runtime.compacting import Compacting
+from fermix.runtime.indexing import Indexer
+from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
+from fermix.runtime.prompt_files import PromptFiles
+from fermix.runtime.registry import ConversationRegistry, conversation_spec
+from fermix.runtime.reviewing import Reviewing
+from fermix.runtime.timer import Timer
+from fermix.runtime.windows import Windows
+from fermix.runtime.writer import Writer
+from fermix.storage import Storage, open_storage
+from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
+
+log = logging.getLogger(__name__)
+
+CONVERSATIONS = "conversations"
+"""The child id of the supervisor of the conversation actors."""
+
+
+class Services:
+    """The services of one process, as :func:`build` wired them.
+
+    ``storage``, ``files``, ``writer``, ``reviewing`` and ``compacting`` serve from the
+    start; the rest run once :meth:`start` has started the tree (``tree``: the Reviewers,
+    the Compactors and the supervisor of the conversation actors), the ``timer``
+    (passivation, A7) and the ``indexer`` (Q2; None when ``[fermix_core.embedding]`` is off).
+    """
+
+    def __init__(
+        self,
+        home: Home,
+        config: Config,
+        storage: Storage,
+        *,
+        conversation_cap: int,
+        idle_s: float,
+        clock: Callable[[], int],
+        monotonic: Callable[[], float],
+        route: llm.Route | None,
+        reviewers: int | None,
+        compactors: int | None,
+        windows: Callable[[Storage], WindowSource],
+    ) -> None:
+        self.home = home
+        self.config = config
+        self.storage = storage
+        self.files = PromptFiles(home, storage)
+        self.writer = Writer(storage, self.files, deliver=self._deliver)
+        self.reviewing = Reviewing(config, storage, self.writer, clock=clock, route=route)
+        self.compacting = Compacting(
+            config,
+            storage,
+            self.writer,
+            clock=clock,
+            route=route,
+            on_compacted=self._reload_window,
+        )
+        self.failure: SupervisorEscalationError | None = None
+        """Why the tree gave up, if it did."""
+        self._lock = threading.Lock()
+        self._started = False
+        self._stopped = False
+        review_workers = config.memory.review_workers if reviewers is None else reviewers
+        compaction_workers = config.compaction.workers if compactors is None else compactors
+        self.reviewers = Pool("reviewer", review_workers, self._current_tree)
+        self.compactors = Pool("compactor", compaction_workers, self._current_tree)
+        reviewing, compacting = self.reviewing, self.compacting
+        reviewers_pool, compactors_pool = self.reviewers, self.compactors
+        self.tree = Supervisor(
+            [
+                *reviewers_pool.specs(
+                    lambda n: Reviewer.start(PooledReviews(reviewing, reviewers_pool, n))
+                ),
+                *compactors_pool.specs(
+                    lambda n: Compactor.start(PooledCompactions(compacting, compactors_pool, n))
+                ),
+                ChildSpec(
+                    CONVERSATIONS,
+                    lambda: Supervisor(
+                        name=CONVERSATIONS, intensity=Intensity(max_restarts=20)
+                    ).start(),
+                    restart=Restart.PERMANENT,
+                ),
+            ],
+            name="fermix",
+            on_escalate=self._escalated,
+        )
+        source = windows(storage)
+        max_history = config.memory.max_conversation_history
+        self.registry = ConversationRegistry(
+            self._conversations,
+            lambda key: conversation_spec(
+                key,
+                lambda: ConversationStore.start(key, source=source, max_history=max_history),
+            ),
+            cap=conversation_cap,
+            idle_s=idle_s,
+            monotonic=monotonic,
+        )
+        self.timer = Timer()
+        """The thread of the periodic work: passivation (A7) and the runtime's sweep (M7)."""
+        self.timer.every("passivation", max(idle_s / 2, 0.05), self._passivate)
+        self._indexer: Indexer | None = None
+        self._indexer_made = False
+
+    @property
+    def indexer(self) -> Indexer | None:
+        """The background embedder ``[fermix_core.embedding]`` asks for (Q2), None when it
+        is off; made on first use (by :meth:`start`, or a command that embeds), so that a
+        command that needs none never checks its config."""
+        if not self._indexer_made:
+            self._indexer = Indexer.from_config(self.storage, self.writer, self.config.embedding)
+            self._indexer_made = True
+        return self._indexer
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the tree, then the timer and the embedder; once only.
+
+        If the tree cannot start, nothing is left running (the store stays open:
+        :meth:`close` closes it).
+        """
+        with self._lock:
+            if self._started or self._stopped:
+                raise RuntimeError("these services were already started")
+            indexer = self.indexer
+            self.tree.start()
+            self._started = True
+            self.timer.start()
+            if indexer is not None:
+                indexer.start()
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` started the tree."""
+        return self._started
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the timer, the embedder, the registry and the tree (queued work finishes
+        first), finish the queued prompt-file rebuilds, then close the store; once, whatever
+        was started."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            started = self._started
+        try:
+            if started:
+                self.timer.stop(timeout)
+                if self._indexer is not None:
+                    self._indexer.stop(timeout)
+                self.registry.stop()
+                self.tree.stop(timeout=timeout)
+            self.files.settle()  # prompt-file rebuilds queued by reviews and composes
+        finally:
+            self.storage.close()
+
+    # -- the wiring between them -------------------------------------------------------
+
+    def _escalated(self, error: SupervisorEscalationError) -> None:
+        log.critical("fermix actor tree gave up: %s", error)
+        self.failure = error
+
+    def _current_tree(self) -> Supervisor:
+        return self.tree
+
+    def _conversations(self) -> Supervisor:
+        # Waits while the parent restarts it (it gave up), rather than failing the caller.
+        child = self.tree.await_child(CONVERSATIONS)
+        assert isinstance(child, Supervisor)
+        return child
+
+    def _deliver(self, stored: Message) -> None:
+        # Called by the writer after the commit, still in the conversation's order.
+        self.registry.tell_if_live(stored.key, Appended(stored))
+        if self._indexer is not None:
+            self._indexer.wake()  # embeds behind the append, never on its path (Q2)
+
+    def _reload_window(self, key: ConversationKey) -> None:
+        # Called after a compaction or /new committed: the actor re-reads its window.
+        if not self._started:
+            return  # no actor holds a window before the tree starts
+        try:
+            self.registry.tell(key, Reload())
+        except ActorUnavailableError:
+            log.warning("could not reload the window of %s after a compaction", key)
+
+    def _passivate(self) -> bool:
+        """The timer's passivation of idle conversation actors (A7)."""
+        stopped = self.registry.passivate_idle()
+        if stopped:
+            log.debug("passivated %d idle conversation actors", stopped)
+        return True
+
+
+def build(
+    home: Home,
+    config: Config,
+    *,
+    vfs: str | None = None,
+    readers: int = 4,
+    conversation_cap: int = 256,
+    idle_s: float = 600.0,
+    clock: Callable[[], int] = now_ms,
+    monotonic: Callable[[], float] = time.monotonic,
+    route: llm.Route | None = None,
+    reviewers: int | None = None,
+    compactors: int | None = None,
+    windows: Callable[[Storage], WindowSource] = Windows,
+) -> Services:
+    """Open the store of ``home`` that ``config`` chooses (creating and migrating it) and
+    wire every service of a process over it; no thread is started.
+
+    The seams, for tests and tools: ``vfs`` (SQLite's, a fault-injecting one), ``readers``
+    (the store's read connections; a CLI command needs 1), ``conversation_cap`` and
+    ``idle_s`` (the live conversation actors and how long an idle one lives, A7),
+    ``clock`` (epoch milliseconds, the gates' time), ``monotonic`` (seconds, the
+    passivation's), ``route`` (replaces the configured model route), ``reviewers`` and
+    ``compactors`` (the pool sizes; None: the config's), ``windows`` (what conversation
+    actors read their windows from, over the store). If wiring fails, the store is
+    closed again before the error propagates.
+    """
+    make_private_dir(home.root)
+    storage = open_storage(home, config, vfs=vfs, readers=readers)
+    try:
+        return Services(
+            home,
+            config,
+            storage,
+            conversation_cap=conversation_cap,
+            idle_s=idle_s,
+            clock=clock,
+            monotonic=monotonic,
+            route=route,
+            reviewers=reviewers,
+            compactors=compactors,
+            windows=windows,
+        )
+    except BaseException:
+        storage.close()
+        raise
