@@ -29,7 +29,8 @@ from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.server import service, serving
 from fermix.storage import open_storage
-from fermix.storage.opening import describe, storage_url, without_password
+from fermix.storage.opening import describe, storage_url
+from fermix.storage.passwords import without_password
 from fermix.storage.sqlite.database import Database
 
 SECRET = "s3cr3t-Pa55"

@@ -539,7 +539,7 @@ def test_s5_memory_rows_drifted_stems_and_counts_are_found_and_rebuilt(storage: 
 
 
 def test_b1_a_password_quoted_in_a_driver_error_is_scrubbed() -> None:
-    from fermix.storage.postgres.database import scrubbed
+    from fermix.storage.passwords import scrubbed
 
     for url in (
         "postgresql://fermix:Zq%409secret@db.internal/fermix",

@@ -47,7 +47,8 @@ from pathlib import Path
 from fermix.config import Config, ReplicaConfig
 from fermix.errors import ServiceError
 from fermix.home import Home, make_private_dir, set_private_file_mode
-from fermix.storage.opening import storage_url, without_password
+from fermix.storage.opening import storage_url
+from fermix.storage.passwords import without_password
 
 log = logging.getLogger(__name__)
 

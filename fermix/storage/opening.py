@@ -11,7 +11,6 @@ imported only when a URL is set, so a SQLite install never needs the ``postgres`
 from __future__ import annotations
 
 import os
-import urllib.parse
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -19,6 +18,7 @@ from fermix.config import STORAGE_URL_ENV, Config
 from fermix.config_rules import POSTGRES_SCHEMES
 from fermix.errors import StorageError
 from fermix.home import Home
+from fermix.storage.passwords import without_password
 from fermix.storage.port import Storage
 from fermix.storage.sqlite.database import Database
 
@@ -75,20 +75,6 @@ def describe(home: Home, config: Config) -> str:
     without its password (``postgresql://fermix@db.internal/fermix``)."""
     url = storage_url(config)
     return f"sqlite {home.db_path}" if url is None else without_password(url)
-
-
-def without_password(url: str) -> str:
-    """``url`` with any password taken out: from its user part and from its parameters."""
-    parts = urllib.parse.urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    netloc = f"{user}@{hosts}" if at and user else hosts
-    query = "&".join(
-        pair
-        for pair in parts.query.split("&")
-        if pair and pair.partition("=")[0].lower() != "password"
-    )
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def _pg_database(url: str) -> type[PgDatabase]:

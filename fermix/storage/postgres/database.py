@@ -11,7 +11,6 @@ whichever of several services starting together gets there first.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -20,6 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from fermix.errors import StorageError
+from fermix.storage.passwords import scrubbed
 from fermix.storage.port import Inspection, Repair, Storage, Writes
 from fermix.storage.postgres import health
 from fermix.storage.postgres.committer import PgCommitter
@@ -216,26 +216,6 @@ def describe(url: str) -> str:
         return "a PostgreSQL database"
     host = params.get("host", "")
     return f"PostgreSQL database {params.get('dbname', '?')!r}" + (f" on {host}" if host else "")
-
-
-_PASSWORDS = (
-    (re.compile(r"(://[^:/?#@\s]*:)[^@\s]*@"), r"\1***@"),  # postgresql://user:secret@host
-    (re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.I), r"\1***"),  # password=x
-)
-
-
-def scrubbed(url: str, error: BaseException) -> str:
-    """``error``'s message without the password of ``url`` (a driver may quote the URL)."""
-    text = str(error)
-    try:
-        password = conninfo_to_dict(url).get("password")
-    except psycopg.ProgrammingError:
-        password = None
-    if password:
-        text = text.replace(str(password), "***")
-    for pattern, replacement in _PASSWORDS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 def _read_only(conn: Conn) -> None:
