@@ -12,7 +12,6 @@ from fermix.storage import port
 from fermix.storage.operation import Op
 from fermix.storage.postgres import conversations as _conversations
 from fermix.storage.postgres import health as _health
-from fermix.storage.postgres import jobs as _jobs
 from fermix.storage.postgres import memories as _memories
 from fermix.storage.postgres import memory_relevance as _relevance
 from fermix.storage.postgres import messages as _messages
@@ -58,14 +57,6 @@ class PgReads(SharedReads):
     memory_version = Op(_memories.change_counter)
     memory_agents = Op(_memories.agents)
     memory_owners = Op(_memories.owners)
-
-    # sources, jobs and runs (pg/jobs.py)
-    source = Op(_jobs.get_source)
-    sources = Op(_jobs.list_sources)
-    job = Op(_jobs.get_job)
-    jobs = Op(_jobs.list_jobs)
-    runs = Op(_jobs.list_runs)
-    run = Op(_jobs.get_run)
 
     # prompt-file resources and their revisions (pg/resources.py)
     resource = Op(_resources.get_resource)
@@ -121,12 +112,6 @@ class PgWrites(PgReads, SharedWrites):
     replace_row = Op(_memories.replace_value)
     archive_row = Op(_memories.archive)
     restore_row = Op(_memories.restore)
-
-    # sources, jobs and runs (pg/jobs.py)
-    ensure_source = Op(_jobs.ensure_source)
-    create_job = Op(_jobs.create_job)
-    start_run = Op(_jobs.start_run)
-    finish_run = Op(_jobs.finish_run)
 
     # prompt-file revisions (pg/resources.py), and the lock of one (agent, owner)
     record_revision = Op(_resources.record)

@@ -14,7 +14,6 @@ from fermix.storage.sessions import SharedReads, SharedWrites
 from fermix.storage.sql import Sql
 from fermix.storage.sqlite import conversations as _conversations
 from fermix.storage.sqlite import health as _health
-from fermix.storage.sqlite import jobs as _jobs
 from fermix.storage.sqlite import memories as _memories
 from fermix.storage.sqlite import memory_relevance as _relevance
 from fermix.storage.sqlite import messages as _messages
@@ -58,14 +57,6 @@ class SqliteReads(SharedReads):
     memory_version = Op(_memories.change_counter)
     memory_agents = Op(_memories.agents)
     memory_owners = Op(_memories.owners)
-
-    # sources, jobs and runs
-    source = Op(_jobs.get_source)
-    sources = Op(_jobs.list_sources)
-    job = Op(_jobs.get_job)
-    jobs = Op(_jobs.list_jobs)
-    runs = Op(_jobs.list_runs)
-    run = Op(_jobs.get_run)
 
     # prompt-file resources and their revisions
     resource = Op(_resources.get_resource)
@@ -120,12 +111,6 @@ class SqliteWrites(SqliteReads, SharedWrites):
     replace_row = Op(_memories.replace_value)
     archive_row = Op(_memories.archive)
     restore_row = Op(_memories.restore)
-
-    # sources, jobs and runs
-    ensure_source = Op(_jobs.ensure_source)
-    create_job = Op(_jobs.create_job)
-    start_run = Op(_jobs.start_run)
-    finish_run = Op(_jobs.finish_run)
 
     # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
     record_revision = Op(_resources.record)
