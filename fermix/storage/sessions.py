@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fermix.storage import api_tokens
 from fermix.storage import jobs as _jobs
+from fermix.storage import vectors as _vectors
 from fermix.storage.operation import Session, SqlOp, WriteSession
 
 
@@ -29,6 +30,11 @@ class SharedReads(Session):
     runs = SqlOp(_jobs.list_runs)
     run = SqlOp(_jobs.get_run)
 
+    # vectors for recall (Q2): token counts, memory rows' vectors, coverage
+    token_counts = SqlOp(_vectors.token_counts)
+    memory_vectors = SqlOp(_vectors.memory_vectors)
+    vector_coverage = SqlOp(_vectors.coverage)
+
 
 class SharedWrites(SharedReads, WriteSession):
     """The write operations both adapters run with the same SQL."""
@@ -42,3 +48,6 @@ class SharedWrites(SharedReads, WriteSession):
     create_job = SqlOp(_jobs.create_job)
     start_run = SqlOp(_jobs.start_run)
     finish_run = SqlOp(_jobs.finish_run)
+
+    # vectors for recall (Q2)
+    reset_vectors = SqlOp(_vectors.reset)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fermix.storage import port
-from fermix.storage.operation import Op
+from fermix.storage.operation import Op, SqlOp
 from fermix.storage.postgres import conversations as _conversations
 from fermix.storage.postgres import health as _health
 from fermix.storage.postgres import memories as _memories
@@ -74,13 +74,10 @@ class PgReads(SharedReads):
 
     # vectors for recall (pg/vectors.py)
     embedding_model = Op(_vectors.model)
-    messages_to_embed = Op(_vectors.messages_to_embed)
-    memories_to_embed = Op(_vectors.memories_to_embed)
-    token_counts = Op(_vectors.token_counts)
+    messages_to_embed = SqlOp(_vectors.messages_to_embed)  # with their look back
+    memories_to_embed = SqlOp(_vectors.memories_to_embed)
     scope_vectors = Op(_vectors.scope_vectors)
     nearest_messages = Op(_vectors.nearest_messages)
-    memory_vectors = Op(_vectors.memory_vectors)
-    vector_coverage = Op(_vectors.coverage)
     database_file = Op(_vectors.database_file)
 
 
@@ -122,7 +119,6 @@ class PgWrites(PgReads, SharedWrites):
 
     # vectors for recall (pg/vectors.py)
     record_embedding_model = Op(_vectors.record_model)
-    reset_vectors = Op(_vectors.reset)
     store_message_vectors = Op(_vectors.store_message_vectors)
     store_memory_vectors = Op(_vectors.store_memory_vectors)
 

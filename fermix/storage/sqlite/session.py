@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from fermix.storage import port
-from fermix.storage.operation import Op
+from fermix.storage import vectors as _shared_vectors
+from fermix.storage.operation import Op, SqlOp
 from fermix.storage.sessions import SharedReads, SharedWrites
 from fermix.storage.sql import Sql
 from fermix.storage.sqlite import conversations as _conversations
@@ -73,14 +74,11 @@ class SqliteReads(SharedReads):
     fts_problem = Op(_health.fts_problem)
 
     # vectors for recall (Q2): the recorded model, rows to embed, a scope's vectors
-    embedding_model = Op(_vectors.model)
-    messages_to_embed = Op(_vectors.messages_to_embed)
-    memories_to_embed = Op(_vectors.memories_to_embed)
-    token_counts = Op(_vectors.token_counts)
+    embedding_model = SqlOp(_shared_vectors.model)
+    messages_to_embed = SqlOp(_shared_vectors.messages_to_embed)
+    memories_to_embed = SqlOp(_shared_vectors.memories_to_embed)
     scope_vectors = Op(_vectors.scope_vectors)
     nearest_messages = Op(_vectors.nearest_messages)  # None: no approximate index here
-    memory_vectors = Op(_vectors.memory_vectors)
-    vector_coverage = Op(_vectors.coverage)
     database_file = Op(_vectors.database_file)
 
 
@@ -120,8 +118,7 @@ class SqliteWrites(SqliteReads, SharedWrites):
     rebuild_fts = Op(_health.rebuild_fts)
 
     # vectors for recall (Q2)
-    record_embedding_model = Op(_vectors.record_model)
-    reset_vectors = Op(_vectors.reset)
+    record_embedding_model = SqlOp(_shared_vectors.record_model)
     store_message_vectors = Op(_vectors.store_message_vectors)
     store_memory_vectors = Op(_vectors.store_memory_vectors)
 
