@@ -15,6 +15,7 @@ from fermix.storage.postgres import health as _health
 from fermix.storage.postgres import memories as _memories
 from fermix.storage.postgres import memory_relevance as _relevance
 from fermix.storage.postgres import messages as _messages
+from fermix.storage.postgres import migrations as _migrations
 from fermix.storage.postgres import resources as _resources
 from fermix.storage.postgres import vectors as _vectors
 from fermix.storage.postgres.sql import PgSql
@@ -66,9 +67,9 @@ class PgReads(SharedReads):
     revisions = Op(_resources.history)
 
     # health, for fermix doctor (pg/health.py)
-    schema_version = Op(_health.schema_version)
+    schema_version = Op(_migrations.current_version)
     integrity_check_name = Op(_health.integrity_check_name)
-    pending_migrations = Op(_health.pending_migrations)
+    pending_migrations = Op(_migrations.pending_count)
     integrity_problems = Op(_health.integrity_problems)
     fts_problem = Op(_health.fts_problem)
 

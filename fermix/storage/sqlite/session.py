@@ -18,6 +18,7 @@ from fermix.storage.sqlite import health as _health
 from fermix.storage.sqlite import memories as _memories
 from fermix.storage.sqlite import memory_relevance as _relevance
 from fermix.storage.sqlite import messages as _messages
+from fermix.storage.sqlite import migrations as _migrations
 from fermix.storage.sqlite import resources as _resources
 from fermix.storage.sqlite import vectors as _vectors
 from fermix.storage.sqlite.sql import SqliteSql
@@ -67,9 +68,9 @@ class SqliteReads(SharedReads):
     revisions = Op(_resources.history)
 
     # health, for fermix doctor: schema version, integrity, FTS mirrors
-    schema_version = Op(_health.schema_version)
+    schema_version = Op(_migrations.current_version)
     integrity_check_name = Op(_health.integrity_check_name)
-    pending_migrations = Op(_health.pending_migrations)
+    pending_migrations = Op(_migrations.pending_count)
     integrity_problems = Op(_health.integrity_problems)
     fts_problem = Op(_health.fts_problem)
 
