@@ -99,7 +99,7 @@ def scale_path(data: Path, messages: int) -> Path:
     names another file, which is built afresh.
     """
     digest = hashlib.sha256()
-    digest.update(resources.files("fermix").joinpath("schema.sql").read_bytes())
+    digest.update(resources.files("fermix.storage.sqlite").joinpath("schema.sql").read_bytes())
     digest.update(data.read_bytes())
     digest.update(
         repr(

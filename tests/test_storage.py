@@ -17,9 +17,11 @@ from hypothesis import strategies as st
 from fermix import model
 from fermix.errors import InvalidInputError, NotFoundError, SchemaTooNewError
 from fermix.model import ConversationKey, NewMessage, Scope
-from fermix.storage.sqlite import jobs, memories, messages, resources
+from fermix.storage import jobs
+from fermix.storage.sqlite import memories, messages, resources
 from fermix.storage.sqlite.connection import fetch_rows, fetch_value, transaction
 from fermix.storage.sqlite.migrations import latest_version, migrate, open_database
+from fermix.storage.sqlite.sql import SqliteSql
 
 KEY = ConversationKey("agent", "telegram", "123")
 
@@ -214,18 +216,21 @@ def test_p2_revisions_are_recorded_only_when_content_changes(db: apsw.Connection
 
 
 def test_s6_a_job_gets_its_own_memory_source_and_runs(db: apsw.Connection) -> None:
+    sql = SqliteSql(db)
     with transaction(db):
-        job = jobs.create_job(db, agent_id="agent", name="digest", schedule="0 8 * * *", prompt="p")
-        run = jobs.start_run(db, job.id)
-        done = jobs.finish_run(db, run.id, status="succeeded", output="ok")
-    source = jobs.get_source(db, job.memory_source_id)
+        job = jobs.create_job(
+            sql, agent_id="agent", name="digest", schedule="0 8 * * *", prompt="p"
+        )
+        run = jobs.start_run(sql, job.id)
+        done = jobs.finish_run(sql, run.id, status="succeeded", output="ok")
+    source = jobs.get_source(sql, job.memory_source_id)
     assert source is not None and source.source_type == "job" and source.name == "digest"
     assert done.status == "succeeded" and done.finished_at is not None
-    assert [r.id for r in jobs.list_runs(db, job.id)] == [run.id]
-    assert [j.id for j in jobs.list_jobs(db, agent_id="agent")] == [job.id]
-    assert jobs.list_jobs(db, agent_id="someone-else") == []
+    assert [r.id for r in jobs.list_runs(sql, job.id)] == [run.id]
+    assert [j.id for j in jobs.list_jobs(sql, agent_id="agent")] == [job.id]
+    assert jobs.list_jobs(sql, agent_id="someone-else") == []
     with pytest.raises(InvalidInputError), transaction(db):
-        jobs.create_job(db, agent_id="agent", name="digest", schedule="x", prompt="p")
+        jobs.create_job(sql, agent_id="agent", name="digest", schedule="x", prompt="p")
 
 
 _WRITER = textwrap.dedent(
@@ -301,7 +306,8 @@ def test_a1_a_messages_key_is_validated_once_per_key_and_never_skipped(
 
 
 def test_s1_a_sessions_operations_are_bound_to_its_connection_once(tmp_path: Path) -> None:
-    from fermix.storage.sqlite.session import Reads, Writes
+    from fermix.storage.sqlite.session import SqliteReads as Reads
+    from fermix.storage.sqlite.session import SqliteWrites as Writes
 
     one, two = open_database(tmp_path / "one.db"), open_database(tmp_path / "two.db")
     try:
@@ -312,6 +318,7 @@ def test_s1_a_sessions_operations_are_bound_to_its_connection_once(tmp_path: Pat
         assert reads_one.count_messages(KEY) == 1 and reads_two.count_messages(KEY) == 0
         assert Reads(one).count_messages is not reads_one.count_messages
         assert Writes.insert_message.__doc__ == messages.insert.__doc__
+        assert reads_one.tokens is reads_one.tokens  # an operation written once binds alike
     finally:
         one.close()
         two.close()

@@ -30,7 +30,7 @@ from fermix.errors import (
 )
 from fermix.model import SOURCE_TYPES, ConversationKey, JobRun, NewMessage, ScheduledJob, Scope
 from fermix.storage.integrity import FTS_TABLES
-from fermix.storage.sqlite import health
+from fermix.storage.sqlite import migrations
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456")
@@ -52,10 +52,10 @@ def create_job(db: Store, name: str, *, agent_id: str = "agent", owner_id: str =
 
 def latest(backend: Backend) -> int:
     if backend.name == "sqlite":
-        return health.latest_version()
-    from fermix.storage.postgres import health as pg_health
+        return migrations.latest_version()
+    from fermix.storage.postgres import migrations as pg_migrations
 
-    return pg_health.latest_version()
+    return pg_migrations.latest_version()
 
 
 def race(n: int, work: Callable[[int], Any]) -> list[Any]:
@@ -556,7 +556,7 @@ def test_b1_a_password_quoted_in_a_driver_error_is_scrubbed() -> None:
 
 def test_s2_inspect_reads_a_postgres_database_and_refuses_every_write(postgres_db: str) -> None:
     from fermix.storage.postgres import PgDatabase
-    from fermix.storage.postgres import health as pg_health
+    from fermix.storage.postgres import migrations as pg_migrations
 
     db = PgDatabase(postgres_db)
     job = create_job(db, "digest")
@@ -565,7 +565,10 @@ def test_s2_inspect_reads_a_postgres_database_and_refuses_every_write(postgres_d
     try:
         with looked.read() as r:
             assert r.jobs() == [job]
-            assert (r.schema_version(), r.pending_migrations()) == (pg_health.latest_version(), 0)
+            assert (r.schema_version(), r.pending_migrations()) == (
+                pg_migrations.latest_version(),
+                0,
+            )
             assert r.fts_problem("messages_fts", full=True) is None
         refused: list[Callable[[], Any]] = [
             lambda: looked.write(lambda w: w.start_run(job.id), label="start"),
@@ -588,12 +591,15 @@ def test_s2_inspect_reads_a_postgres_database_and_refuses_every_write(postgres_d
 
 def test_s2_inspect_migrates_nothing_in_an_empty_database(postgres_db: str) -> None:
     from fermix.storage.postgres import PgDatabase
-    from fermix.storage.postgres import health as pg_health
+    from fermix.storage.postgres import migrations as pg_migrations
 
     looked = PgDatabase.inspect(postgres_db)
     try:
         with looked.read() as r:
-            assert (r.schema_version(), r.pending_migrations()) == (0, pg_health.latest_version())
+            assert (r.schema_version(), r.pending_migrations()) == (
+                0,
+                pg_migrations.latest_version(),
+            )
             assert r.integrity_problems(full=True) == []
     finally:
         looked.close()
@@ -606,10 +612,10 @@ def test_s2_inspect_migrates_nothing_in_an_empty_database(postgres_db: str) -> N
 
 def test_s2_a_newer_postgres_database_is_refused_untouched(postgres_db: str) -> None:
     from fermix.storage.postgres import PgDatabase
-    from fermix.storage.postgres import health as pg_health
+    from fermix.storage.postgres import migrations as pg_migrations
 
     PgDatabase(postgres_db).close()
-    newer = pg_health.latest_version() + 1
+    newer = pg_migrations.latest_version() + 1
     with psycopg.connect(postgres_db, autocommit=True) as conn:
         conn.execute("INSERT INTO schema_migrations VALUES (%s, 'future', 0)", (newer,))
     for opening in (PgDatabase.inspect, PgDatabase):

@@ -27,7 +27,7 @@ from storage_fixtures import Backend, Store
 
 from fermix.model import ConversationKey, Message, NewMessage, Scope
 from fermix.storage.port import PendingText, StoredVector, conversation_scope, memory_scope
-from fermix.storage.sqlite.vectors import TOTAL
+from fermix.storage.vectors import TOTAL
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456", "thread-1")

@@ -9,6 +9,8 @@ Each adapter's sessions (:mod:`fermix.storage.sqlite.session`,
 from __future__ import annotations
 
 from fermix.storage import api_tokens
+from fermix.storage import jobs as _jobs
+from fermix.storage import vectors as _vectors
 from fermix.storage.operation import Session, SqlOp, WriteSession
 
 
@@ -20,6 +22,19 @@ class SharedReads(Session):
     token_by_secret = SqlOp(api_tokens.by_secret)
     tokens = SqlOp(api_tokens.list_tokens)
 
+    # sources, jobs and runs (S6, SC1)
+    source = SqlOp(_jobs.get_source)
+    sources = SqlOp(_jobs.list_sources)
+    job = SqlOp(_jobs.get_job)
+    jobs = SqlOp(_jobs.list_jobs)
+    runs = SqlOp(_jobs.list_runs)
+    run = SqlOp(_jobs.get_run)
+
+    # vectors for recall (Q2): token counts, memory rows' vectors, coverage
+    token_counts = SqlOp(_vectors.token_counts)
+    memory_vectors = SqlOp(_vectors.memory_vectors)
+    vector_coverage = SqlOp(_vectors.coverage)
+
 
 class SharedWrites(SharedReads, WriteSession):
     """The write operations both adapters run with the same SQL."""
@@ -27,3 +42,12 @@ class SharedWrites(SharedReads, WriteSession):
     # the memory server's bearer tokens (N2)
     insert_token = SqlOp(api_tokens.insert)
     revoke_token = SqlOp(api_tokens.revoke)
+
+    # sources, jobs and runs (S6, SC1)
+    ensure_source = SqlOp(_jobs.ensure_source)
+    create_job = SqlOp(_jobs.create_job)
+    start_run = SqlOp(_jobs.start_run)
+    finish_run = SqlOp(_jobs.finish_run)
+
+    # vectors for recall (Q2)
+    reset_vectors = SqlOp(_vectors.reset)

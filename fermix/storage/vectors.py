@@ -1,20 +1,38 @@
-"""Vectors and token counts (Q2, Q4): the columns, row mappings and tallies both adapters share."""
+"""Vectors of messages and memory rows, and the token counts their pooling needs (Q2, Q4):
+what both adapters share, the statements written once (:class:`~fermix.storage.sql.Sql`).
+
+``message_vectors`` and ``memory_vectors`` hold one int8 vector per row, beside the row
+(deleted with it, dropped when its text changes); ``embedding_tokens`` counts the tokens of
+each scope's embedded texts (``embedding_scopes`` names the scopes); ``embedding_model``
+records the model and dimension every stored vector is of.
+
+The background embedder (:mod:`fermix.runtime.indexing`) finds the rows without a vector
+(:func:`messages_to_embed`, :func:`memories_to_embed`), oldest first, and each adapter
+stores a batch in one write. What each adapter keeps: how a batch is stored (SQLite's
+statements per row, PostgreSQL's arrays in id order), how a search reads a scope (an
+owner's messages by their FTS5 scope token or by ``messages_owner``), PostgreSQL's
+approximate index and the locks under which its services record a model.
+"""
 
 from __future__ import annotations
 
 import itertools
+import json
 import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from fermix.clock import now_ms
 from fermix.model import ConversationKey
 from fermix.storage.port import (
+    Coverage,
     PendingText,
     ScopeRows,
     StoredVector,
     conversation_scope,
     memory_scope,
 )
+from fermix.storage.sql import Sql
 
 TOTAL = -1
 """The token id under which a scope's total token count is kept."""
@@ -84,3 +102,122 @@ def scope_rows(found: Sequence[tuple[Any, ...]]) -> ScopeRows:
 def memory_text(key: str, value: str) -> str:
     """The text of a memory row that is embedded: its key's words and its value."""
     return f"{key.replace('_', ' ')}: {value}"
+
+
+# -- the recorded model ------------------------------------------------------------------
+
+MODEL = "SELECT model, dim FROM embedding_model WHERE id = 1"
+"""The recorded model's row (PostgreSQL adds a row lock to it inside a write unit)."""
+
+
+def recorded(rows: Sequence[Sequence[Any]]) -> tuple[str, int] | None:
+    """The model and dimension of the rows of :data:`MODEL`, or None."""
+    return (str(rows[0][0]), int(rows[0][1])) if rows else None
+
+
+def model(sql: Sql) -> tuple[str, int] | None:
+    """The model and dimension of the stored vectors, or None before any."""
+    return recorded(sql.rows(MODEL))
+
+
+def record_model(sql: Sql, name: str, dim: int, *, now: int | None = None) -> bool:
+    """Record ``name`` and ``dim`` as the vectors' model; when another was recorded, every
+    vector and token count is dropped first (they are all computed again). Returns whether
+    anything changed."""
+    if model(sql) == (name, dim):
+        return False
+    reset(sql)
+    write_model(sql, name, dim, now=now)
+    return True
+
+
+def write_model(sql: Sql, name: str, dim: int, *, now: int | None = None) -> None:
+    """Make ``name`` and ``dim`` the recorded model, whatever was recorded before."""
+    sql.run(
+        "INSERT INTO embedding_model (id, model, dim, recorded_at) VALUES (1, ?, ?, ?)"
+        " ON CONFLICT (id) DO UPDATE SET model = excluded.model, dim = excluded.dim,"
+        " recorded_at = excluded.recorded_at",
+        (name, dim, now_ms() if now is None else now),
+    )
+
+
+def reset(sql: Sql) -> None:
+    """Drop every vector and token count (``fermix index rebuild``, a model change; on
+    PostgreSQL the approximate index's rows go with their vectors)."""
+    for table in ("message_vectors", "memory_vectors", "embedding_tokens", "embedding_scopes"):
+        sql.run(f"DELETE FROM {table}")
+
+
+# -- the background embedder's work -------------------------------------------------------
+
+
+def messages_to_embed(sql: Sql, *, after_id: int, limit: int) -> list[PendingText]:
+    """Messages with id > ``after_id`` that have no vector, oldest first."""
+    rows = sql.rows(
+        "SELECT m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.content"
+        " FROM messages AS m WHERE m.id > ?"
+        " AND NOT EXISTS (SELECT 1 FROM message_vectors AS v WHERE v.message_id = m.id)"
+        " ORDER BY m.id LIMIT ?",
+        (after_id, limit),
+    )
+    return pending_messages(rows)
+
+
+def memories_to_embed(sql: Sql, *, after_id: int, limit: int) -> list[PendingText]:
+    """Live memory rows with id > ``after_id`` that have no vector, oldest first."""
+    rows = sql.rows(
+        "SELECT m.id, m.agent_id, m.key, m.value FROM memories AS m"
+        " WHERE m.id > ? AND m.archived_at IS NULL"
+        " AND NOT EXISTS (SELECT 1 FROM memory_vectors AS v WHERE v.memory_id = m.id)"
+        " ORDER BY m.id LIMIT ?",
+        (after_id, limit),
+    )
+    return pending_memories(rows)
+
+
+# -- what a search reads ------------------------------------------------------------------
+
+
+def token_counts(
+    sql: Sql, scopes: Iterable[str], tokens: Iterable[int]
+) -> tuple[dict[int, int], int]:
+    """The counts of ``tokens`` summed over ``scopes``, and those scopes' total."""
+    items = sql.dialect.json_items
+    rows = sql.rows(
+        "SELECT t.token, sum(t.count) FROM embedding_tokens AS t"
+        " JOIN embedding_scopes AS s ON s.id = t.scope_id"
+        f" WHERE s.name IN (SELECT value FROM {items})"
+        f" AND t.token IN (SELECT CAST(value AS BIGINT) FROM {items}) GROUP BY t.token",
+        (json.dumps(sorted(set(scopes))), json.dumps(sorted({*tokens, TOTAL}))),
+    )
+    return split_total(rows)
+
+
+def memory_vectors(sql: Sql, ids: Sequence[int]) -> dict[int, bytes]:
+    """The vectors of the memory rows ``ids`` that have one."""
+    rows = sql.rows(
+        "SELECT memory_id, vector FROM memory_vectors"
+        f" WHERE memory_id IN (SELECT CAST(value AS BIGINT) FROM {sql.dialect.json_items})",
+        (json.dumps(list(ids)),),
+    )
+    return {int(i): bytes(v) for i, v in rows}
+
+
+def coverage(sql: Sql) -> Coverage:
+    """How many messages and live memory rows there are, how many have a vector, and the
+    recorded model (``fermix index status``, ``fermix doctor``)."""
+    row = sql.rows(
+        "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM message_vectors),"
+        " (SELECT count(*) FROM memories WHERE archived_at IS NULL),"
+        " (SELECT count(*) FROM memory_vectors AS v JOIN memories AS m ON m.id = v.memory_id"
+        "  WHERE m.archived_at IS NULL)",
+    )[0]
+    found = model(sql)
+    return Coverage(
+        messages=int(row[0]),
+        message_vectors=int(row[1]),
+        memories=int(row[2]),
+        memory_vectors=int(row[3]),
+        model=None if found is None else found[0],
+        dim=None if found is None else found[1],
+    )

@@ -11,16 +11,17 @@ whichever of several services starting together gets there first.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from fermix.errors import StorageError
+from fermix.storage.database import GroupCommitted
 from fermix.storage.passwords import scrubbed
-from fermix.storage.port import Inspection, Repair, Storage, Writes
+from fermix.storage.port import Inspection
 from fermix.storage.postgres import health
 from fermix.storage.postgres.committer import PgCommitter
 from fermix.storage.postgres.connection import Conn
@@ -28,16 +29,13 @@ from fermix.storage.postgres.migrations import check_version, migrate
 from fermix.storage.postgres.session import PgReads
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 
-T = TypeVar("T")
-W = TypeVar("W", bound=Writes)
-
 
 def connect(url: str) -> Conn:
     """A connection in autocommit mode (transactions are opened explicitly)."""
     return psycopg.connect(url, autocommit=True)
 
 
-class PgDatabase(Storage):
+class PgDatabase(GroupCommitted):
     """A PostgreSQL database shared by any number of fermix processes (issue 15)."""
 
     _committer: PgCommitter | None
@@ -149,54 +147,6 @@ class PgDatabase(Storage):
             raise
         connection.__exit__(None, None, None)
 
-    def write(self, unit: Callable[[Writes], T], *, label: str = "write") -> T:
-        """Run ``unit`` in a write transaction; return its result once committed."""
-        result: T = self._writer(label).run(_forgetting(unit), label=label)
-        return result
-
-    def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
-        """:meth:`write` for an append (it changes owners and trusts only by ``touch_known``)."""
-        result: T = self._writer(label).run(unit, label=label)
-        return result
-
-    def write_each(
-        self, units: Sequence[tuple[Callable[[Writes], T], str]]
-    ) -> list[tuple[bool, T | BaseException]]:
-        """Run each ``(unit, label)`` as :meth:`write` would, in order, sharing commits."""
-        return self._writer("writes").run_many(
-            [(_forgetting(unit), label) for unit, label in units]
-        )
-
-    def append_each(
-        self, units: Sequence[tuple[Callable[[Writes], T], str]]
-    ) -> list[tuple[bool, T | BaseException]]:
-        """:meth:`write_each` for appends."""
-        return self._writer("writes").run_many(list(units))
-
-    def repair(self, unit: Callable[[Repair], T], *, label: str = "repair") -> T:
-        """:meth:`write` for ``fermix doctor --fix``: the unit may rebuild search stems."""
-        result: T = self._writer(label).run(_forgetting(unit), label=label)
-        return result
-
-    def _writer(self, label: str) -> PgCommitter:
-        """The group commit; a :class:`StorageError` when opened by :meth:`inspect`."""
-        if self._committer is None:
-            raise StorageError(f"{self.name} is open for inspection only: {label} refused")
-        return self._committer
-
-    @property
-    def commits(self) -> int:
-        """Write transactions committed so far (for benchmarks and tests)."""
-        return 0 if self._committer is None else self._committer.batches
-
-    def close(self) -> None:
-        """Finish the queued writes, then close every connection."""
-        try:
-            if self._committer is not None:
-                self._committer.close()
-        finally:
-            self._readers.close()
-
 
 def redacted(url: str) -> str:
     """``url`` without its password (a registry key that may be logged)."""
@@ -221,11 +171,3 @@ def describe(url: str) -> str:
 def _read_only(conn: Conn) -> None:
     """Make every transaction of ``conn`` read-only (an inspecting connection)."""
     conn.execute("SET default_transaction_read_only = on")
-
-
-def _forgetting(unit: Callable[[W], T]) -> Callable[[W], T]:
-    def run(writes: W) -> T:
-        writes.forget()
-        return unit(writes)
-
-    return run

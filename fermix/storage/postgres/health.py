@@ -43,24 +43,6 @@ SAMPLE_ROWS: Final = 500
 """A quick check's rows of each kind: the newest, and as many spread over the table."""
 
 
-# -- schema --------------------------------------------------------------------------
-
-
-def schema_version(conn: Conn) -> int:
-    """The schema version recorded in the database (0 for an empty one)."""
-    return migrations.current_version(conn)
-
-
-def latest_version() -> int:
-    """The PostgreSQL schema version this fermix writes."""
-    return migrations.latest_version()
-
-
-def pending_migrations(conn: Conn) -> int:
-    """How many migrations of this fermix the database has not had yet."""
-    return len(migrations.pending(conn))
-
-
 # -- integrity -----------------------------------------------------------------------
 
 

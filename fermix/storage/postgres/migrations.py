@@ -1,61 +1,40 @@
-"""Numbered PostgreSQL migrations read from ``fermix/storage/pg/schema.sql``.
+"""PostgreSQL's schema migrations, read from ``fermix/storage/postgres/schema.sql``, run by
+:class:`fermix.storage.migrations.Runner`.
 
-Each block runs in its own transaction together with its row in ``schema_migrations``,
-after a transaction-level advisory lock (:data:`MIGRATION_LOCK`): several services starting
-at once on one database migrate it once; the others wait for the lock, then find the
-version recorded and skip the block. DDL is transactional in PostgreSQL, so a crash leaves
-the database before or after a migration, never halfway. A database newer than this fermix
-is refused untouched (:class:`~fermix.errors.SchemaTooNewError`).
+Each block runs in its own transaction after a transaction-level advisory lock
+(:data:`MIGRATION_LOCK`): several services starting at once on one database migrate it
+once; the others wait for the lock, then find the version recorded and skip the block. DDL
+is transactional in PostgreSQL, so a crash leaves the database before or after a migration,
+never halfway. The version is the newest row of ``schema_migrations`` (``migrate`` takes a
+connection in autocommit mode).
 """
 
 from __future__ import annotations
 
-import re
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from importlib import resources
+from typing import Final
 
-from fermix.errors import SchemaTooNewError, StorageError
+from fermix.storage.migrations import Migration, Runner, parse, record
 from fermix.storage.postgres.connection import Conn
+from fermix.storage.postgres.sql import PgSql
 
 MIGRATION_LOCK = 8210815
 """The advisory lock key every fermix service takes to migrate (one constant)."""
 
-_HEADER = re.compile(r"^-- migration (\d+): (.+)$", re.MULTILINE)
 _RECORDS = (
     "CREATE TABLE IF NOT EXISTS schema_migrations ("
     " version bigint PRIMARY KEY, name text NOT NULL, applied_at bigint NOT NULL)"
 )
 
 
-@dataclass(frozen=True)
-class Migration:
-    """One numbered block of the PostgreSQL schema."""
-
-    version: int
-    name: str
-    sql: str
-
-
 @cache
 def migrations() -> tuple[Migration, ...]:
     """Every PostgreSQL migration shipped with this fermix, in order."""
     text = resources.files("fermix.storage.postgres").joinpath("schema.sql").read_text("utf-8")
-    heads = list(_HEADER.finditer(text))
-    found = []
-    for i, head in enumerate(heads):
-        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
-        found.append(Migration(int(head.group(1)), head.group(2).strip(), text[head.end() : end]))
-    versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise StorageError(f"pg/schema.sql migrations are not numbered 1..N: {versions}")
-    return tuple(found)
-
-
-def latest_version() -> int:
-    """The PostgreSQL schema version this fermix writes."""
-    return migrations()[-1].version
+    return parse(text, "pg/schema.sql")
 
 
 def current_version(conn: Conn) -> int:
@@ -67,39 +46,24 @@ def current_version(conn: Conn) -> int:
     return int(found[0]) if found is not None else 0
 
 
-def check_version(conn: Conn) -> None:
-    """Raise :class:`SchemaTooNewError` if the database is newer than this code (reads only)."""
-    found = current_version(conn)
-    if found > latest_version():
-        raise SchemaTooNewError(
-            f"database schema version {found} is newer than this fermix supports "
-            f"({latest_version()}); upgrade fermix. The database was not modified."
-        )
+@contextmanager
+def _locked(conn: Conn) -> Iterator[None]:
+    """A transaction under :data:`MIGRATION_LOCK`, with the table that records versions."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute(_RECORDS)
+        yield
 
 
-def pending(conn: Conn) -> list[Migration]:
-    """Migrations not yet applied."""
-    version = current_version(conn)
-    return [m for m in migrations() if m.version > version]
+def _apply(conn: Conn, migration: Migration) -> None:
+    conn.execute(migration.sql.encode("utf-8"))
+    record(PgSql(conn), migration)
 
 
-def migrate(conn: Conn) -> list[int]:
-    """Apply every pending migration, each in its own transaction under the advisory lock;
-    return the versions this call ran. ``conn`` must be in autocommit mode."""
-    check_version(conn)
-    applied = []
-    for migration in pending(conn):
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-            conn.execute(_RECORDS)
-            # Read again under the lock: another service may have migrated meanwhile.
-            check_version(conn)
-            if current_version(conn) >= migration.version:
-                continue
-            conn.execute(migration.sql.encode("utf-8"))
-            conn.execute(
-                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (%s, %s, %s)",
-                (migration.version, migration.name, int(time.time() * 1000)),
-            )
-        applied.append(migration.version)
-    return applied
+# ``migrations`` is looked up at each call, so a stand-in for it ships fewer migrations.
+_RUNNER: Final = Runner(lambda: migrations(), version=current_version, unit=_locked, apply=_apply)
+latest_version = _RUNNER.latest_version
+check_version = _RUNNER.check_version
+pending = _RUNNER.pending
+pending_count = _RUNNER.pending_count
+migrate = _RUNNER.migrate

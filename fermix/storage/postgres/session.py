@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from fermix.storage import port
-from fermix.storage.operation import Op
+from fermix.storage.operation import Op, SqlOp
 from fermix.storage.postgres import conversations as _conversations
 from fermix.storage.postgres import health as _health
-from fermix.storage.postgres import jobs as _jobs
 from fermix.storage.postgres import memories as _memories
 from fermix.storage.postgres import memory_relevance as _relevance
 from fermix.storage.postgres import messages as _messages
+from fermix.storage.postgres import migrations as _migrations
 from fermix.storage.postgres import resources as _resources
 from fermix.storage.postgres import vectors as _vectors
 from fermix.storage.postgres.sql import PgSql
@@ -59,14 +59,6 @@ class PgReads(SharedReads):
     memory_agents = Op(_memories.agents)
     memory_owners = Op(_memories.owners)
 
-    # sources, jobs and runs (pg/jobs.py)
-    source = Op(_jobs.get_source)
-    sources = Op(_jobs.list_sources)
-    job = Op(_jobs.get_job)
-    jobs = Op(_jobs.list_jobs)
-    runs = Op(_jobs.list_runs)
-    run = Op(_jobs.get_run)
-
     # prompt-file resources and their revisions (pg/resources.py)
     resource = Op(_resources.get_resource)
     resources = Op(_resources.list_resources)
@@ -75,21 +67,18 @@ class PgReads(SharedReads):
     revisions = Op(_resources.history)
 
     # health, for fermix doctor (pg/health.py)
-    schema_version = Op(_health.schema_version)
+    schema_version = Op(_migrations.current_version)
     integrity_check_name = Op(_health.integrity_check_name)
-    pending_migrations = Op(_health.pending_migrations)
+    pending_migrations = Op(_migrations.pending_count)
     integrity_problems = Op(_health.integrity_problems)
     fts_problem = Op(_health.fts_problem)
 
     # vectors for recall (pg/vectors.py)
     embedding_model = Op(_vectors.model)
-    messages_to_embed = Op(_vectors.messages_to_embed)
-    memories_to_embed = Op(_vectors.memories_to_embed)
-    token_counts = Op(_vectors.token_counts)
+    messages_to_embed = SqlOp(_vectors.messages_to_embed)  # with their look back
+    memories_to_embed = SqlOp(_vectors.memories_to_embed)
     scope_vectors = Op(_vectors.scope_vectors)
     nearest_messages = Op(_vectors.nearest_messages)
-    memory_vectors = Op(_vectors.memory_vectors)
-    vector_coverage = Op(_vectors.coverage)
     database_file = Op(_vectors.database_file)
 
 
@@ -122,12 +111,6 @@ class PgWrites(PgReads, SharedWrites):
     archive_row = Op(_memories.archive)
     restore_row = Op(_memories.restore)
 
-    # sources, jobs and runs (pg/jobs.py)
-    ensure_source = Op(_jobs.ensure_source)
-    create_job = Op(_jobs.create_job)
-    start_run = Op(_jobs.start_run)
-    finish_run = Op(_jobs.finish_run)
-
     # prompt-file revisions (pg/resources.py), and the lock of one (agent, owner)
     record_revision = Op(_resources.record)
     lock_owner = Op(_resources.lock_owner)
@@ -137,7 +120,6 @@ class PgWrites(PgReads, SharedWrites):
 
     # vectors for recall (pg/vectors.py)
     record_embedding_model = Op(_vectors.record_model)
-    reset_vectors = Op(_vectors.reset)
     store_message_vectors = Op(_vectors.store_message_vectors)
     store_memory_vectors = Op(_vectors.store_memory_vectors)
 

@@ -1,6 +1,6 @@
-"""Vectors of messages and memory rows on PostgreSQL: the operations of
-:mod:`fermix.storage.sqlite.vectors`, with the same results, and an approximate search where
-pgvector can be had (Q2).
+"""Vectors of messages and memory rows on PostgreSQL: what its statements do their own way
+(Q2; the rest is :mod:`fermix.storage.vectors`), and an approximate search where pgvector
+can be had.
 
 The int8 ``bytea`` vectors, the token counts and the recorded model are SQLite's (migration 4
 of ``pg/schema.sql``), so :func:`scope_vectors` reads the same rows and the fusion in Python
@@ -27,7 +27,7 @@ EXTENSION vector`` works, or the extension is installed, :func:`record_model` al
 model change drops it and makes it again; a model recorded before pgvector came is indexed
 at its next record), and :func:`store_message_vectors` adds to it. :func:`nearest_messages`
 searches it, filtered to the scope, and still returns ``limit`` rows: recall's way into a
-scope above :data:`~fermix.storage.sqlite.vectors.MAX_SCOPE_ROWS`, where :func:`scope_vectors` gives
+scope above :data:`~fermix.storage.port.MAX_SCOPE_ROWS`, where :func:`scope_vectors` gives
 None. **Without pgvector** (not installed, no right to create it: it is not a trusted
 extension, or a dimension above :data:`~fermix.storage.postgres.vector_index.MAX_ANN_DIM`) there is
 no ``message_ann``, :func:`nearest_messages` returns None, and a scope above the cap is
@@ -37,17 +37,15 @@ searched lexically only, as on SQLite.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
-from fermix.clock import now_ms
 from fermix.model import ConversationKey
+from fermix.storage import vectors
 from fermix.storage.port import (
     MAX_SCOPE_ROWS,
     NEAREST_ROWS,
-    Coverage,
     PendingText,
     ScopeRows,
     StoredVector,
@@ -55,16 +53,9 @@ from fermix.storage.port import (
 from fermix.storage.postgres import vector_index
 from fermix.storage.postgres.connection import Conn, execute, fetch_rows
 from fermix.storage.postgres.messages import SearchScope
-from fermix.storage.vectors import (
-    SCOPE_COLUMNS,
-    TOTAL,
-    VECTOR_JOIN,
-    pending_memories,
-    pending_messages,
-    scope_rows,
-    split_total,
-    tally,
-)
+from fermix.storage.postgres.sql import PgSql
+from fermix.storage.sql import Sql
+from fermix.storage.vectors import SCOPE_COLUMNS, VECTOR_JOIN, scope_rows, tally
 
 LOOKBACK = 10_000
 """How many ids below its cursor the embedder looks again for rows without a vector."""
@@ -78,16 +69,11 @@ _KEY_ORDER = (
 # -- the recorded model ------------------------------------------------------------------
 
 
-def _recorded(conn: Conn, lock: str = "") -> tuple[str, int] | None:
-    rows = fetch_rows(conn, "SELECT model, dim FROM embedding_model WHERE id = 1" + lock)
-    return (str(rows[0][0]), int(rows[0][1])) if rows else None
-
-
 def model(conn: Conn) -> tuple[str, int] | None:
     """The model and dimension of the stored vectors, or None before any. Inside a write
     unit the row is read ``FOR SHARE``: a model change waits until the unit commits."""
     in_unit = conn.info.transaction_status != _IDLE
-    return _recorded(conn, " FOR SHARE" if in_unit else "")
+    return vectors.recorded(fetch_rows(conn, vectors.MODEL + (" FOR SHARE" if in_unit else "")))
 
 
 def record_model(conn: Conn, name: str, dim: int, *, now: int | None = None) -> bool:
@@ -95,58 +81,30 @@ def record_model(conn: Conn, name: str, dim: int, *, now: int | None = None) -> 
     vector and token count is dropped first (they are all computed again). Returns whether
     anything changed. Where pgvector can be had, the approximate index is made for ``dim``."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (MODEL_LOCK,))
-    changed = _recorded(conn, " FOR UPDATE") != (name, dim)
+    changed = vectors.recorded(fetch_rows(conn, vectors.MODEL + " FOR UPDATE")) != (name, dim)
     if changed:
+        sql = PgSql(conn)
         execute(conn, "DROP TABLE IF EXISTS message_ann")
-        reset(conn)
-        execute(
-            conn,
-            "INSERT INTO embedding_model (id, model, dim, recorded_at) VALUES (1, %s, %s, %s)"
-            " ON CONFLICT (id) DO UPDATE SET model = excluded.model, dim = excluded.dim,"
-            " recorded_at = excluded.recorded_at",
-            (name, dim, now_ms() if now is None else now),
-        )
+        vectors.reset(sql)
+        vectors.write_model(sql, name, dim, now=now)
     if vector_index.dimension(conn) != dim:
         vector_index.make(conn, dim)
     return changed
 
 
-def reset(conn: Conn) -> None:
-    """Drop every vector and token count (``fermix index rebuild``, a model change); the
-    approximate index's rows go with their vectors."""
-    for table in ("message_vectors", "memory_vectors", "embedding_tokens", "embedding_scopes"):
-        execute(conn, f"DELETE FROM {table}")
-
-
 # -- the background embedder's work -------------------------------------------------------
 
 
-def messages_to_embed(conn: Conn, *, after_id: int, limit: int) -> list[PendingText]:
+def messages_to_embed(sql: Sql, *, after_id: int, limit: int) -> list[PendingText]:
     """Messages without a vector, oldest first: those with id > ``after_id``, and those of
     the :data:`LOOKBACK` ids below it (committed after the cursor passed them)."""
-    rows = fetch_rows(
-        conn,
-        "SELECT m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.content"
-        " FROM messages AS m WHERE m.id > %s"
-        " AND NOT EXISTS (SELECT 1 FROM message_vectors AS v WHERE v.message_id = m.id)"
-        " ORDER BY m.id LIMIT %s",
-        (after_id - LOOKBACK, limit),
-    )
-    return pending_messages(rows)
+    return vectors.messages_to_embed(sql, after_id=after_id - LOOKBACK, limit=limit)
 
 
-def memories_to_embed(conn: Conn, *, after_id: int, limit: int) -> list[PendingText]:
+def memories_to_embed(sql: Sql, *, after_id: int, limit: int) -> list[PendingText]:
     """Live memory rows without a vector, oldest first, from :data:`LOOKBACK` ids below
     ``after_id`` on."""
-    rows = fetch_rows(
-        conn,
-        "SELECT m.id, m.agent_id, m.key, m.value FROM memories AS m"
-        " WHERE m.id > %s AND m.archived_at IS NULL"
-        " AND NOT EXISTS (SELECT 1 FROM memory_vectors AS v WHERE v.memory_id = m.id)"
-        " ORDER BY m.id LIMIT %s",
-        (after_id - LOOKBACK, limit),
-    )
-    return pending_memories(rows)
+    return vectors.memories_to_embed(sql, after_id=after_id - LOOKBACK, limit=limit)
 
 
 def _count_tokens(conn: Conn, stored: Iterable[StoredVector]) -> None:
@@ -211,20 +169,6 @@ def store_message_vectors(conn: Conn, items: Iterable[StoredVector]) -> int:
 def store_memory_vectors(conn: Conn, items: Iterable[StoredVector]) -> int:
     """Store each memory row's vector unless it has one or is gone; count its tokens."""
     return len(_store(conn, "memory_vectors", "memory_id", "memories", items))
-
-
-def token_counts(
-    conn: Conn, scopes: Iterable[str], tokens: Iterable[int]
-) -> tuple[dict[int, int], int]:
-    """The counts of ``tokens`` summed over ``scopes``, and those scopes' total."""
-    rows = fetch_rows(
-        conn,
-        "SELECT t.token, sum(t.count) FROM embedding_tokens AS t"
-        " JOIN embedding_scopes AS s ON s.id = t.scope_id"
-        " WHERE s.name = ANY(%s::text[]) AND t.token = ANY(%s::bigint[]) GROUP BY t.token",
-        (sorted(set(scopes)), sorted({*tokens, TOTAL})),
-    )
-    return split_total(rows)
 
 
 # -- what a search reads ------------------------------------------------------------------
@@ -298,37 +242,6 @@ def nearest_messages(
     if own:
         conn.execute("COMMIT")
     return scope_rows(found)
-
-
-def memory_vectors(conn: Conn, ids: Sequence[int]) -> dict[int, bytes]:
-    """The vectors of the memory rows ``ids`` that have one."""
-    rows = fetch_rows(
-        conn,
-        "SELECT memory_id, vector FROM memory_vectors WHERE memory_id = ANY(%s::bigint[])",
-        (list(ids),),
-    )
-    return {int(i): bytes(v) for i, v in rows}
-
-
-def coverage(conn: Conn) -> Coverage:
-    """How many messages and live memory rows there are, how many have a vector, and the
-    recorded model (``fermix index status``, ``fermix doctor``)."""
-    row: Any = fetch_rows(
-        conn,
-        "SELECT (SELECT count(*) FROM messages), (SELECT count(*) FROM message_vectors),"
-        " (SELECT count(*) FROM memories WHERE archived_at IS NULL),"
-        " (SELECT count(*) FROM memory_vectors AS v JOIN memories AS m ON m.id = v.memory_id"
-        "  WHERE m.archived_at IS NULL)",
-    )[0]
-    recorded = _recorded(conn)
-    return Coverage(
-        messages=int(row[0]),
-        message_vectors=int(row[1]),
-        memories=int(row[2]),
-        memory_vectors=int(row[3]),
-        model=None if recorded is None else recorded[0],
-        dim=None if recorded is None else recorded[1],
-    )
 
 
 def database_file(conn: Conn) -> str:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import apsw
 
 from fermix.errors import StorageError
-from fermix.storage.port import Inspection, Reads, Repair, Storage, Writes
+from fermix.storage.database import GroupCommitted
+from fermix.storage.port import Inspection, Reads
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 from fermix.storage.sqlite import health
 from fermix.storage.sqlite.committer import Committer
@@ -26,12 +26,11 @@ from fermix.storage.sqlite.migrations import open_database
 from fermix.storage.sqlite.pool import ReaderPool
 from fermix.storage.sqlite.session import SqliteReads, SqliteWrites
 
-T = TypeVar("T")
-W = TypeVar("W", bound=Writes)
 
-
-class Database(Storage):
+class Database(GroupCommitted):
     """The database of one home, opened (and migrated) once per process."""
+
+    _readers: ReaderPool
 
     def __init__(
         self,
@@ -90,44 +89,6 @@ class Database(Storage):
             except apsw.Error as exc:
                 raise StorageError(f"{self.path.name}: {type(exc).__name__}: {exc}") from exc
 
-    def write(self, unit: Callable[[Writes], T], *, label: str = "write") -> T:
-        """Run ``unit`` in a write transaction; return its result once committed.
-
-        Concurrent units share commits. A unit's own error reaches only its caller and
-        leaves nothing of that unit; a database error is a
-        :class:`~fermix.errors.WriteFailedError` after the writer's retries.
-        """
-        if self._committer is None:
-            raise StorageError(f"{self.path.name} is open for inspection only: {label} refused")
-        return self._committer.run(_forgetting(unit), label=label)
-
-    def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
-        """:meth:`write` for a unit that changes no conversation's owner or trust but through
-        :meth:`Writes.touch_known` (an append): what this process knows of those stays."""
-        if self._committer is None:
-            raise StorageError(f"{self.path.name} is open for inspection only: {label} refused")
-        return self._committer.run(unit, label=label)
-
-    def write_each(
-        self, units: Sequence[tuple[Callable[[Writes], T], str]]
-    ) -> list[tuple[bool, T | BaseException]]:
-        """Run each ``(unit, label)`` as :meth:`write` would, in order, sharing commits;
-        return each outcome, ``(True, result)`` or ``(False, error)``, once committed.
-
-        One caller, many independent writes: a server batching its concurrent requests.
-        """
-        if self._committer is None:
-            raise StorageError(f"{self.path.name} is open for inspection only: writes refused")
-        return self._committer.run_many([(_forgetting(unit), label) for unit, label in units])
-
-    def append_each(
-        self, units: Sequence[tuple[Callable[[Writes], T], str]]
-    ) -> list[tuple[bool, T | BaseException]]:
-        """:meth:`write_each` for appends, as :meth:`append` is :meth:`write` for one."""
-        if self._committer is None:
-            raise StorageError(f"{self.path.name} is open for inspection only: writes refused")
-        return self._committer.run_many(list(units))
-
     @property
     def shared(self) -> bool:
         """A SQLite file is this machine's alone."""
@@ -144,33 +105,3 @@ class Database(Storage):
                 yield SqliteReads(conn)
             except apsw.Error as exc:
                 raise StorageError(f"{self.path.name}: {type(exc).__name__}: {exc}") from exc
-
-    def repair(self, unit: Callable[[Repair], T], *, label: str = "repair") -> T:
-        """:meth:`write` for ``fermix doctor --fix``: the unit may rebuild an FTS mirror."""
-        if self._committer is None:
-            raise StorageError(f"{self.path.name} is open for inspection only: {label} refused")
-        return self._committer.run(_forgetting(unit), label=label)
-
-    @property
-    def commits(self) -> int:
-        """Write transactions committed so far (for benchmarks and tests)."""
-        return 0 if self._committer is None else self._committer.batches
-
-    def close(self) -> None:
-        """Finish the queued writes, then close every connection."""
-        try:
-            if self._committer is not None:
-                self._committer.close()
-        finally:
-            self._readers.close()
-
-
-def _forgetting(unit: Callable[[W], T]) -> Callable[[W], T]:
-    """``unit``, first making its session forget the conversation rows it knows: any unit
-    but an append may change an owner or a trust."""
-
-    def run(writes: W) -> T:
-        writes.forget()
-        return unit(writes)
-
-    return run

@@ -56,24 +56,6 @@ def open_to_inspect(path: str | os.PathLike[str], *, vfs: str | None = None) -> 
         conn.close()
 
 
-# -- schema --------------------------------------------------------------------------
-
-
-def schema_version(conn: apsw.Connection) -> int:
-    """The schema version recorded in the file."""
-    return migrations.current_version(conn)
-
-
-def latest_version() -> int:
-    """The schema version this fermix writes."""
-    return migrations.latest_version()
-
-
-def pending_migrations(conn: apsw.Connection) -> int:
-    """How many migrations of this fermix the file has not had yet."""
-    return len(migrations.pending(conn))
-
-
 # -- integrity -----------------------------------------------------------------------
 
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 from fermix.storage import port
-from fermix.storage.operation import Op
+from fermix.storage import vectors as _shared_vectors
+from fermix.storage.operation import Op, SqlOp
 from fermix.storage.sessions import SharedReads, SharedWrites
 from fermix.storage.sql import Sql
 from fermix.storage.sqlite import conversations as _conversations
 from fermix.storage.sqlite import health as _health
-from fermix.storage.sqlite import jobs as _jobs
 from fermix.storage.sqlite import memories as _memories
 from fermix.storage.sqlite import memory_relevance as _relevance
 from fermix.storage.sqlite import messages as _messages
+from fermix.storage.sqlite import migrations as _migrations
 from fermix.storage.sqlite import resources as _resources
 from fermix.storage.sqlite import vectors as _vectors
 from fermix.storage.sqlite.sql import SqliteSql
@@ -59,14 +60,6 @@ class SqliteReads(SharedReads):
     memory_agents = Op(_memories.agents)
     memory_owners = Op(_memories.owners)
 
-    # sources, jobs and runs
-    source = Op(_jobs.get_source)
-    sources = Op(_jobs.list_sources)
-    job = Op(_jobs.get_job)
-    jobs = Op(_jobs.list_jobs)
-    runs = Op(_jobs.list_runs)
-    run = Op(_jobs.get_run)
-
     # prompt-file resources and their revisions
     resource = Op(_resources.get_resource)
     resources = Op(_resources.list_resources)
@@ -75,21 +68,18 @@ class SqliteReads(SharedReads):
     revisions = Op(_resources.history)
 
     # health, for fermix doctor: schema version, integrity, FTS mirrors
-    schema_version = Op(_health.schema_version)
+    schema_version = Op(_migrations.current_version)
     integrity_check_name = Op(_health.integrity_check_name)
-    pending_migrations = Op(_health.pending_migrations)
+    pending_migrations = Op(_migrations.pending_count)
     integrity_problems = Op(_health.integrity_problems)
     fts_problem = Op(_health.fts_problem)
 
     # vectors for recall (Q2): the recorded model, rows to embed, a scope's vectors
-    embedding_model = Op(_vectors.model)
-    messages_to_embed = Op(_vectors.messages_to_embed)
-    memories_to_embed = Op(_vectors.memories_to_embed)
-    token_counts = Op(_vectors.token_counts)
+    embedding_model = SqlOp(_shared_vectors.model)
+    messages_to_embed = SqlOp(_shared_vectors.messages_to_embed)
+    memories_to_embed = SqlOp(_shared_vectors.memories_to_embed)
     scope_vectors = Op(_vectors.scope_vectors)
     nearest_messages = Op(_vectors.nearest_messages)  # None: no approximate index here
-    memory_vectors = Op(_vectors.memory_vectors)
-    vector_coverage = Op(_vectors.coverage)
     database_file = Op(_vectors.database_file)
 
 
@@ -121,12 +111,6 @@ class SqliteWrites(SqliteReads, SharedWrites):
     archive_row = Op(_memories.archive)
     restore_row = Op(_memories.restore)
 
-    # sources, jobs and runs
-    ensure_source = Op(_jobs.ensure_source)
-    create_job = Op(_jobs.create_job)
-    start_run = Op(_jobs.start_run)
-    finish_run = Op(_jobs.finish_run)
-
     # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
     record_revision = Op(_resources.record)
     lock_owner = Op(_resources.lock_owner)
@@ -135,8 +119,7 @@ class SqliteWrites(SqliteReads, SharedWrites):
     rebuild_fts = Op(_health.rebuild_fts)
 
     # vectors for recall (Q2)
-    record_embedding_model = Op(_vectors.record_model)
-    reset_vectors = Op(_vectors.reset)
+    record_embedding_model = SqlOp(_shared_vectors.record_model)
     store_message_vectors = Op(_vectors.store_message_vectors)
     store_memory_vectors = Op(_vectors.store_memory_vectors)
 

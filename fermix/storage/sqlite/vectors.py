@@ -1,103 +1,31 @@
-"""Vectors of messages and memory rows, and the token counts their pooling needs (Q2, Q4).
+"""Vectors of messages and memory rows on SQLite: what its statements do their own way
+(Q2; the rest is :mod:`fermix.storage.vectors`).
 
-Schema migration 8: ``message_vectors`` and ``memory_vectors`` hold one int8 BLOB per row,
-beside the row (deleted with it, dropped when its text changes); ``embedding_tokens`` counts
-the tokens of each scope's embedded texts (``embedding_scopes`` names the scopes);
-``embedding_model`` records the model and dimension every stored vector is of.
-
-The background embedder (:mod:`fermix.runtime.indexing`) finds the rows without a vector
-(:func:`messages_to_embed`, :func:`memories_to_embed`), oldest first, and stores a batch
-(:func:`store_message_vectors`, :func:`store_memory_vectors`) in one write; a search reads
-the vectors of the scope it searches only (:func:`scope_vectors`: a conversation by its
-index, an owner's messages by their FTS5 scope token).
+A batch of vectors is stored a statement per row (:func:`store_message_vectors`,
+:func:`store_memory_vectors`: in-process, under the one writer); a search reads the vectors
+of the scope it searches only (:func:`scope_vectors`: a conversation by its index, an
+owner's messages by their FTS5 scope token). There is no approximate index.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import apsw
 
-from fermix.clock import now_ms
 from fermix.model import ConversationKey
 from fermix.storage.port import (
     MAX_SCOPE_ROWS,
     NEAREST_ROWS,
-    Coverage,
-    PendingText,
     ScopeRows,
     StoredVector,
 )
 from fermix.storage.sqlite.connection import fetch_value
 from fermix.storage.sqlite.messages import SearchScope
-from fermix.storage.vectors import (
-    SCOPE_COLUMNS,
-    TOTAL,
-    VECTOR_JOIN,
-    pending_memories,
-    pending_messages,
-    scope_rows,
-    split_total,
-    tally,
-)
+from fermix.storage.vectors import SCOPE_COLUMNS, VECTOR_JOIN, scope_rows, tally
 
-# -- the recorded model ------------------------------------------------------------------
-
-
-def model(conn: apsw.Connection) -> tuple[str, int] | None:
-    """The model and dimension of the stored vectors, or None before any."""
-    sql = "SELECT model, dim FROM embedding_model WHERE id = 1"
-    rows: list[tuple[Any, ...]] = conn.execute(sql).fetchall()
-    return (str(rows[0][0]), int(rows[0][1])) if rows else None
-
-
-def record_model(conn: apsw.Connection, name: str, dim: int, *, now: int | None = None) -> bool:
-    """Record ``name`` and ``dim`` as the vectors' model; when another was recorded, every
-    vector and token count is dropped first (they are all computed again). Returns whether
-    anything changed."""
-    if model(conn) == (name, dim):
-        return False
-    reset(conn)
-    conn.execute(
-        "INSERT OR REPLACE INTO embedding_model (id, model, dim, recorded_at) VALUES (1, ?, ?, ?)",
-        (name, dim, now_ms() if now is None else now),
-    )
-    return True
-
-
-def reset(conn: apsw.Connection) -> None:
-    """Drop every vector and token count (``fermix index rebuild``, a model change)."""
-    for table in ("message_vectors", "memory_vectors", "embedding_tokens", "embedding_scopes"):
-        conn.execute(f"DELETE FROM {table}")
-
-
-# -- the background embedder's work -------------------------------------------------------
-
-
-def messages_to_embed(conn: apsw.Connection, *, after_id: int, limit: int) -> list[PendingText]:
-    """Messages with id > ``after_id`` that have no vector, oldest first."""
-    rows = conn.execute(
-        "SELECT m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.content"
-        " FROM messages AS m WHERE m.id > ?"
-        " AND NOT EXISTS (SELECT 1 FROM message_vectors AS v WHERE v.message_id = m.id)"
-        " ORDER BY m.id LIMIT ?",
-        (after_id, limit),
-    )
-    return pending_messages(rows)
-
-
-def memories_to_embed(conn: apsw.Connection, *, after_id: int, limit: int) -> list[PendingText]:
-    """Live memory rows with id > ``after_id`` that have no vector, oldest first."""
-    rows = conn.execute(
-        "SELECT m.id, m.agent_id, m.key, m.value FROM memories AS m"
-        " WHERE m.id > ? AND m.archived_at IS NULL"
-        " AND NOT EXISTS (SELECT 1 FROM memory_vectors AS v WHERE v.memory_id = m.id)"
-        " ORDER BY m.id LIMIT ?",
-        (after_id, limit),
-    )
-    return pending_memories(rows)
+# -- storing the background embedder's batches --------------------------------------------
 
 
 def _scope_id(conn: apsw.Connection, name: str) -> int:
@@ -137,21 +65,6 @@ def store_message_vectors(conn: apsw.Connection, items: Iterable[StoredVector]) 
 def store_memory_vectors(conn: apsw.Connection, items: Iterable[StoredVector]) -> int:
     """Store each memory row's vector unless it has one or is gone; count its tokens."""
     return _store(conn, "memory_vectors", "memory_id", "memories", items)
-
-
-def token_counts(
-    conn: apsw.Connection, scopes: Iterable[str], tokens: Iterable[int]
-) -> tuple[dict[int, int], int]:
-    """The counts of ``tokens`` summed over ``scopes``, and those scopes' total."""
-    wanted = sorted({*tokens, TOTAL})
-    rows = conn.execute(
-        "SELECT t.token, sum(t.count) FROM embedding_tokens AS t"
-        " JOIN embedding_scopes AS s ON s.id = t.scope_id"
-        " WHERE s.name IN (SELECT value FROM json_each(?))"
-        " AND t.token IN (SELECT value FROM json_each(?)) GROUP BY t.token",
-        (json.dumps(sorted(set(scopes))), json.dumps(wanted)),
-    )
-    return split_total(rows)
 
 
 # -- what a search reads ------------------------------------------------------------------
@@ -214,37 +127,6 @@ def nearest_messages(
     :func:`scope_vectors` lexically (PostgreSQL with pgvector:
     :mod:`fermix.storage.postgres.vectors`)."""
     return None
-
-
-def memory_vectors(conn: apsw.Connection, ids: Sequence[int]) -> dict[int, bytes]:
-    """The vectors of the memory rows ``ids`` that have one."""
-    rows = conn.execute(
-        "SELECT memory_id, vector FROM memory_vectors"
-        " WHERE memory_id IN (SELECT value FROM json_each(?))",
-        (json.dumps(list(ids)),),
-    )
-    return {int(i): bytes(v) for i, v in rows}
-
-
-def coverage(conn: apsw.Connection) -> Coverage:
-    """How many messages and live memory rows there are, how many have a vector, and the
-    recorded model (``fermix index status``, ``fermix doctor``)."""
-
-    def count(sql: str) -> int:
-        return int(fetch_value(conn, sql))
-
-    recorded = model(conn)
-    return Coverage(
-        messages=count("SELECT count(*) FROM messages"),
-        message_vectors=count("SELECT count(*) FROM message_vectors"),
-        memories=count("SELECT count(*) FROM memories WHERE archived_at IS NULL"),
-        memory_vectors=count(
-            "SELECT count(*) FROM memory_vectors AS v JOIN memories AS m ON m.id = v.memory_id"
-            " WHERE m.archived_at IS NULL"
-        ),
-        model=None if recorded is None else recorded[0],
-        dim=None if recorded is None else recorded[1],
-    )
 
 
 def database_file(conn: apsw.Connection) -> str:
