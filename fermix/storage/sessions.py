@@ -9,6 +9,8 @@ Each adapter's sessions (:mod:`fermix.storage.sqlite.session`,
 from __future__ import annotations
 
 from fermix.storage import api_tokens
+from fermix.storage import memories as _memories
+from fermix.storage import resources as _resources
 from fermix.storage.operation import Session, SqlOp, WriteSession
 
 
@@ -20,6 +22,21 @@ class SharedReads(Session):
     token_by_secret = SqlOp(api_tokens.by_secret)
     tokens = SqlOp(api_tokens.list_tokens)
 
+    # memory rows (their search by text and change counters are each adapter's)
+    row = SqlOp(_memories.get)
+    require_row = SqlOp(_memories.require)
+    row_by_key = SqlOp(_memories.get_by_key)
+    rows = SqlOp(_memories.list_rows)
+    memory_agents = SqlOp(_memories.agents)
+    memory_owners = SqlOp(_memories.owners)
+
+    # prompt-file resources and their revisions
+    resource = SqlOp(_resources.get_resource)
+    resources = SqlOp(_resources.list_resources)
+    current_revision = SqlOp(_resources.current)
+    revision = SqlOp(_resources.get_revision)
+    revisions = SqlOp(_resources.history)
+
 
 class SharedWrites(SharedReads, WriteSession):
     """The write operations both adapters run with the same SQL."""
@@ -27,3 +44,13 @@ class SharedWrites(SharedReads, WriteSession):
     # the memory server's bearer tokens (N2)
     insert_token = SqlOp(api_tokens.insert)
     revoke_token = SqlOp(api_tokens.revoke)
+
+    # memory rows
+    upsert_row = SqlOp(_memories.upsert)
+    replace_row = SqlOp(_memories.replace_value)
+    archive_row = SqlOp(_memories.archive)
+    restore_row = SqlOp(_memories.restore)
+
+    # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
+    record_revision = SqlOp(_resources.record)
+    lock_owner = SqlOp(_resources.lock_owner)

@@ -18,7 +18,6 @@ from fermix.storage.sqlite import jobs as _jobs
 from fermix.storage.sqlite import memories as _memories
 from fermix.storage.sqlite import memory_relevance as _relevance
 from fermix.storage.sqlite import messages as _messages
-from fermix.storage.sqlite import resources as _resources
 from fermix.storage.sqlite import vectors as _vectors
 from fermix.storage.sqlite.sql import SqliteSql
 
@@ -48,16 +47,10 @@ class SqliteReads(SharedReads):
     count_messages = Op(_messages.count)
     search_messages = Op(_messages.search)
 
-    # memory rows
-    row = Op(_memories.get)
-    require_row = Op(_memories.require)
-    row_by_key = Op(_memories.get_by_key)
-    rows = Op(_memories.list_rows)
-    search_rows = Op(_memories.search)
+    # memory rows: their search by text (FTS5) and change counter
+    search_rows = Op(_relevance.search)
     relevant_rows = Op(_relevance.relevant)
     memory_version = Op(_memories.change_counter)
-    memory_agents = Op(_memories.agents)
-    memory_owners = Op(_memories.owners)
 
     # sources, jobs and runs
     source = Op(_jobs.get_source)
@@ -66,13 +59,6 @@ class SqliteReads(SharedReads):
     jobs = Op(_jobs.list_jobs)
     runs = Op(_jobs.list_runs)
     run = Op(_jobs.get_run)
-
-    # prompt-file resources and their revisions
-    resource = Op(_resources.get_resource)
-    resources = Op(_resources.list_resources)
-    current_revision = Op(_resources.current)
-    revision = Op(_resources.get_revision)
-    revisions = Op(_resources.history)
 
     # health, for fermix doctor: schema version, integrity, FTS mirrors
     schema_version = Op(_health.schema_version)
@@ -115,21 +101,11 @@ class SqliteWrites(SqliteReads, SharedWrites):
     # messages
     insert_message = Op(_messages.insert)
 
-    # memory rows
-    upsert_row = Op(_memories.upsert)
-    replace_row = Op(_memories.replace_value)
-    archive_row = Op(_memories.archive)
-    restore_row = Op(_memories.restore)
-
     # sources, jobs and runs
     ensure_source = Op(_jobs.ensure_source)
     create_job = Op(_jobs.create_job)
     start_run = Op(_jobs.start_run)
     finish_run = Op(_jobs.finish_run)
-
-    # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
-    record_revision = Op(_resources.record)
-    lock_owner = Op(_resources.lock_owner)
 
     # health: an FTS mirror rebuilt from its content table (fermix doctor --fix)
     rebuild_fts = Op(_health.rebuild_fts)
