@@ -93,20 +93,21 @@ def upsert(
     """Insert a row, or update the one with the same unique key (S5), in the caller's
     transaction.
 
-    Updating an archived row brings it back: writing a fact again means it holds again.
+    Updating an archived row brings it back: writing a fact again means it holds again. A
+    row no adapter stores is an :class:`InvalidInputError`, before anything is written.
     """
-    values = _upsert_values(
-        agent_id=agent_id,
-        owner_id=owner_id,
-        scope=scope,
-        category=category,
-        key=key,
-        value=value,
-        promote_target=promote_target,
-        confidence=confidence,
-        provenance=provenance,
-        now=now,
-    )
+    validate.identifier("agent_id", agent_id)
+    validate.identifier("owner_id", owner_id, allow_empty=True)
+    check_category(category)
+    validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
+    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
+    if promote_target is not None and promote_target not in PROMOTE_TARGETS:
+        raise InvalidInputError(f"promote_target must be one of {PROMOTE_TARGETS} or None")
+    if not 0.0 <= confidence <= 1.0:
+        raise InvalidInputError(f"confidence must be between 0 and 1, not {confidence}")
+    ts = now_ms() if now is None else now
+    scoped = (agent_id, owner_id, scope.type, scope.id, category, key, value)
+    values = (*scoped, confidence, promote_target, *_sources(provenance), ts, ts)
     search = sql.dialect.memory_search
     rows = sql.rows(
         "INSERT INTO memories (agent_id, owner_id, scope_type, scope_id, category, key, value,"
@@ -139,8 +140,15 @@ def replace_value(
     now: int | None = None,
 ) -> MemoryRow:
     """Update a row's value (and optionally key and category) by id, in the caller's
-    transaction; a key another row of the scope holds is an :class:`InvalidInputError`."""
-    _check_replacement(value=value, key=key, category=category)
+    transaction; a key another row of the scope holds is an :class:`InvalidInputError`.
+
+    What is not given is kept, the provenance too; nothing is read before the new values
+    are checked."""
+    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
+    if key is not None:
+        validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
+    if category is not None:
+        check_category(category)
     # Locked first, so no other service changes what this keeps until the commit.
     found = sql.rows(
         f"SELECT {SELECT_M}, EXISTS (SELECT 1 FROM memories AS o"
@@ -154,9 +162,9 @@ def replace_value(
     current = row_of(found[0][:-1])
     if found[0][-1]:
         raise InvalidInputError(f"another row in the same scope already has key {key!r}")
-    values = _replacement_values(
-        current, value=value, key=key, category=category, provenance=provenance, now=now
-    )
+    new_key = current.key if key is None else key
+    sources = _sources(current if provenance is None else provenance)
+    values = (value, new_key, current.category if category is None else category, *sources)
     search = sql.dialect.memory_search
     rows = sql.rows(
         "UPDATE memories SET value = ?, key = ?, category = ?, source_id = ?,"
@@ -164,7 +172,7 @@ def replace_value(
         " run_id = ?, source_message_id = ?, archived_at = NULL, archived_by = NULL,"
         f" archive_reason = NULL, updated_at = ?{_set(search.names, search.marks)}"
         f" WHERE id = ? RETURNING {SELECT}",
-        (*values, *search.values(current.key if key is None else key, value), memory_id),
+        (*values, now_ms() if now is None else now, *search.values(new_key, value), memory_id),
     )
     return row_of(rows[0])
 
@@ -310,66 +318,6 @@ def owners(sql: Sql, agent_id: str) -> list[str]:
         (agent_id, agent_id),
     )
     return ["", *sorted({str(owner) for (owner,) in found} - {""})]
-
-
-def _upsert_values(
-    *,
-    agent_id: str,
-    owner_id: str,
-    scope: Scope,
-    category: str,
-    key: str,
-    value: str,
-    promote_target: str | None,
-    confidence: float,
-    provenance: Provenance,
-    now: int | None,
-) -> tuple[Any, ...]:
-    """The values an :func:`upsert` writes, in the order of its ``INSERT``'s columns
-    (``agent_id`` to ``updated_at``), once checked: :class:`InvalidInputError` for a row no
-    adapter stores."""
-    validate.identifier("agent_id", agent_id)
-    validate.identifier("owner_id", owner_id, allow_empty=True)
-    check_category(category)
-    validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
-    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
-    if promote_target is not None and promote_target not in PROMOTE_TARGETS:
-        raise InvalidInputError(f"promote_target must be one of {PROMOTE_TARGETS} or None")
-    if not 0.0 <= confidence <= 1.0:
-        raise InvalidInputError(f"confidence must be between 0 and 1, not {confidence}")
-    ts = now_ms() if now is None else now
-    scoped = (agent_id, owner_id, scope.type, scope.id, category, key, value)
-    return (*scoped, confidence, promote_target, *_sources(provenance), ts, ts)
-
-
-def _check_replacement(*, value: str, key: str | None, category: str | None) -> None:
-    """Refuse, before any row is read, what a :func:`replace_value` may not write."""
-    validate.text("value", value, max_chars=MAX_VALUE_CHARS, allow_empty=False)
-    if key is not None:
-        validate.text("key", key, max_chars=MAX_KEY_CHARS, allow_empty=False)
-    if category is not None:
-        check_category(category)
-
-
-def _replacement_values(
-    current: MemoryRow,
-    *,
-    value: str,
-    key: str | None,
-    category: str | None,
-    provenance: Provenance | None,
-    now: int | None,
-) -> tuple[Any, ...]:
-    """The values a :func:`replace_value` writes over ``current``, in the order of its ``SET``
-    (``value``, ``key``, ``category``, the source columns, ``updated_at``): what is not
-    given is kept, the provenance too."""
-    return (
-        value,
-        current.key if key is None else key,
-        current.category if category is None else category,
-        *_sources(current if provenance is None else provenance),
-        now_ms() if now is None else now,
-    )
 
 
 def _sources(of: Provenance | MemoryRow) -> tuple[Any, ...]:
