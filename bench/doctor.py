@@ -98,10 +98,11 @@ def build(home: Path, messages_count: int) -> None:
     from fermix.core import categories
     from fermix.home import Home
     from fermix.runtime.prompt_files import PromptFiles
-    from fermix.storage.sqlite import conversations, memories, messages
+    from fermix.storage.sqlite import conversations, messages
     from fermix.storage.sqlite.connection import transaction
     from fermix.storage.sqlite.database import Database
     from fermix.storage.sqlite.migrations import open_database
+    from fermix.storage.sqlite.session import SqliteWrites
 
     rng = random.Random(11)
     conn = open_database(home / "memory.db")
@@ -116,8 +117,7 @@ def build(home: Path, messages_count: int) -> None:
                 key = ConversationKey(AGENT, "telegram", str(n))
                 conversations.touch(conn, key, owner_id="", trust="operator")
             for n in range(20):
-                memories.upsert(
-                    conn,
+                SqliteWrites(conn).upsert_row(
                     agent_id=AGENT,
                     owner_id="",
                     scope=categories.owner_scope(""),

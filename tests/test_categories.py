@@ -21,9 +21,9 @@ from fermix.core.categories import (
 )
 from fermix.errors import AccessDeniedError, InvalidInputError
 from fermix.model import CATEGORIES, ConversationKey, MemoryRow, Scope
-from fermix.storage.sqlite import memories
 from fermix.storage.sqlite.connection import transaction
 from fermix.storage.sqlite.migrations import open_database
+from fermix.storage.sqlite.session import SqliteWrites
 
 USER_CATS = ("identity", "preference", "interest", "goal")
 
@@ -213,6 +213,7 @@ def test_sc3_render_queries_read_every_row_that_renders_and_no_row_of_another_ag
     tmp_path: Path,
 ) -> None:
     conn = open_database(tmp_path / "memory.db")
+    session = SqliteWrites(conn)
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(stored_row, max_size=40))
@@ -220,8 +221,7 @@ def test_sc3_render_queries_read_every_row_that_renders_and_no_row_of_another_ag
         with transaction(conn):
             conn.execute("DELETE FROM memories")
             for i, (agent, owner, scope, category, target, archived, ts) in enumerate(specs):
-                stored = memories.upsert(
-                    conn,
+                stored = session.upsert_row(
                     agent_id=agent,
                     owner_id=owner,
                     scope=scope,
@@ -232,14 +232,14 @@ def test_sc3_render_queries_read_every_row_that_renders_and_no_row_of_another_ag
                     now=ts,
                 )
                 if archived:
-                    memories.archive(conn, stored.id, by="test", reason="test")
-        every = memories.list_rows(conn, archived=None)
+                    session.archive_row(stored.id, by="test", reason="test")
+        every = session.rows(archived=None)
         for agent in AGENTS:
             for owner in OWNERS:
                 read = {
                     r.id: r
                     for q in render_queries(agent, owner)
-                    for r in memories.list_rows(conn, **q.filters())
+                    for r in session.rows(**q.filters())
                 }
                 assert all(r.agent_id == agent and r.owner_id in ("", owner) for r in read.values())
                 assert all(r.archived_at is None for r in read.values())

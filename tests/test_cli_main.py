@@ -16,16 +16,15 @@ import pytest
 import fermix.cli
 from fermix.cli import EXIT_OK, build_parser, main
 from fermix.model import Scope
-from fermix.storage.sqlite import memories
 from fermix.storage.sqlite.connection import transaction
 from fermix.storage.sqlite.migrations import open_database
+from fermix.storage.sqlite.session import SqliteWrites
 
 
 def _seed_one_row(home: Path, value: str) -> None:
     conn = open_database(home / "memory.db")
     with transaction(conn):
-        memories.upsert(
-            conn,
+        SqliteWrites(conn).upsert_row(
             agent_id="agent",
             owner_id="alice",
             scope=Scope("owner", "alice"),

@@ -13,9 +13,9 @@ from factories import memory_row
 
 from fermix.cli import EXIT_NOT_FOUND, EXIT_USAGE, main
 from fermix.model import Scope
-from fermix.storage.sqlite import memories
 from fermix.storage.sqlite.connection import transaction
 from fermix.storage.sqlite.migrations import open_database
+from fermix.storage.sqlite.session import SqliteWrites
 
 
 def _seed(home: Path) -> dict[str, int]:
@@ -27,8 +27,7 @@ def _seed(home: Path) -> dict[str, int]:
             ("bob", "drink", "Bob drinks espresso", "preference"),
             ("alice", "job", "Alice is a nurse", "identity"),
         ]:
-            row = memories.upsert(
-                conn,
+            row = SqliteWrites(conn).upsert_row(
                 agent_id="agent",
                 owner_id=owner,
                 scope=Scope("owner", owner),
@@ -38,7 +37,7 @@ def _seed(home: Path) -> dict[str, int]:
                 promote_target="user_md",
             )
             ids[f"{owner}.{key}"] = row.id
-        memories.archive(conn, ids["alice.job"], by="operator", reason="changed job")
+        SqliteWrites(conn).archive_row(ids["alice.job"], by="operator", reason="changed job")
     conn.close()
     return ids
 
@@ -187,8 +186,7 @@ def test_s7_at_80_columns_long_ids_and_values_are_cut_or_wrapped_never_the_short
             ("a-rather-long-owner-id-from-a-chat-platform", Scope("conversation", "tg:1234567890")),
             ("alice", Scope("owner", "alice")),
         ]:
-            memories.upsert(
-                conn,
+            SqliteWrites(conn).upsert_row(
                 agent_id="assistant",
                 owner_id=owner,
                 scope=scope,

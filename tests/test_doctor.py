@@ -27,10 +27,11 @@ from fermix.errors import StorageError
 from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
 from fermix.runtime.prompt_files import PromptFiles, disk
-from fermix.storage.sqlite import conversations, memories, messages, migrations
+from fermix.storage.sqlite import conversations, messages, migrations
 from fermix.storage.sqlite.connection import apply_settings, raw_connect, transaction
 from fermix.storage.sqlite.database import Database
 from fermix.storage.sqlite.migrations import open_database
+from fermix.storage.sqlite.session import SqliteWrites
 
 AGENT = "assistant"
 KEY = ConversationKey(AGENT, "telegram", "42")
@@ -51,8 +52,7 @@ def _populate(home: Home, *, conversations_count: int = 1) -> None:
                 for i in range(n + 1):
                     messages.insert(conn, NewMessage(key, "user", f"I drink espresso, cup {i}"))
             for owner in ("", "alice"):
-                memories.upsert(
-                    conn,
+                SqliteWrites(conn).upsert_row(
                     agent_id=AGENT,
                     owner_id=owner,
                     scope=categories.owner_scope(owner),
@@ -61,8 +61,7 @@ def _populate(home: Home, *, conversations_count: int = 1) -> None:
                     value=f"espresso ({owner or 'default'})",
                     promote_target="user_md",
                 )
-            memories.upsert(
-                conn,
+            SqliteWrites(conn).upsert_row(
                 agent_id=AGENT,
                 owner_id="",
                 scope=categories.agent_scope(AGENT),

@@ -18,9 +18,10 @@ from fermix import model
 from fermix.errors import InvalidInputError, NotFoundError, SchemaTooNewError
 from fermix.model import ConversationKey, NewMessage, Scope
 from fermix.storage import jobs
-from fermix.storage.sqlite import memories, messages, resources
+from fermix.storage.sqlite import messages
 from fermix.storage.sqlite.connection import fetch_rows, fetch_value, transaction
 from fermix.storage.sqlite.migrations import latest_version, migrate, open_database
+from fermix.storage.sqlite.session import SqliteWrites
 from fermix.storage.sqlite.sql import SqliteSql
 
 KEY = ConversationKey("agent", "telegram", "123")
@@ -38,7 +39,7 @@ def _add_memory(conn: apsw.Connection, key: str, value: str, **kw: object) -> mo
     }
     args.update(kw)
     with transaction(conn):
-        return memories.upsert(conn, **args)  # type: ignore[arg-type]
+        return SqliteWrites(conn).upsert_row(**args)  # type: ignore[arg-type]
 
 
 def test_s2_migrations_are_recorded_and_idempotent(db: apsw.Connection) -> None:
@@ -131,7 +132,7 @@ def test_s5_upsert_on_the_unique_key_never_duplicates(db: apsw.Connection) -> No
     second = _add_memory(db, "drink", "coffee")
     assert first.id == second.id
     assert second.value == "coffee"
-    assert len(memories.list_rows(db, agent_id="agent")) == 1
+    assert len(SqliteWrites(db).rows(agent_id="agent")) == 1
 
 
 def test_s5_the_same_key_in_another_scope_is_another_row(db: apsw.Connection) -> None:
@@ -150,25 +151,26 @@ def test_s5_any_sequence_of_upserts_leaves_one_row_per_key(
     for key, value in ops:
         _add_memory(conn, key, value)
         expected[key] = value
-    rows = memories.list_rows(conn, agent_id="agent")
+    rows = SqliteWrites(conn).rows(agent_id="agent")
     assert {r.key: r.value for r in rows} == expected
     assert len(rows) == len(expected)
     conn.close()
 
 
 def test_s7_archive_and_restore_round_trip(db: apsw.Connection) -> None:
+    ops = SqliteWrites(db)
     row = _add_memory(db, "city", "Lisbon")
     with transaction(db):
-        archived = memories.archive(db, row.id, by="reviewer", reason="moved to Porto", now=5)
+        archived = ops.archive_row(row.id, by="reviewer", reason="moved to Porto", now=5)
     assert (archived.archived_at, archived.archived_by, archived.archive_reason) == (
         5,
         "reviewer",
         "moved to Porto",
     )
-    assert memories.list_rows(db, agent_id="agent") == []
-    assert [r.id for r in memories.list_rows(db, agent_id="agent", archived=True)] == [row.id]
+    assert ops.rows(agent_id="agent") == []
+    assert [r.id for r in ops.rows(agent_id="agent", archived=True)] == [row.id]
     with transaction(db):
-        restored = memories.restore(db, row.id)
+        restored = ops.restore_row(row.id)
     assert restored.archived_at is None and restored.archived_by is None
     assert restored.archive_reason is None and restored.value == "Lisbon"
     assert fetch_value(db, "SELECT count(*) FROM memories") == 1
@@ -176,43 +178,46 @@ def test_s7_archive_and_restore_round_trip(db: apsw.Connection) -> None:
 
 def test_s7_archiving_an_unknown_row_is_a_typed_error(db: apsw.Connection) -> None:
     with pytest.raises(NotFoundError), transaction(db):
-        memories.archive(db, 404, by="operator", reason="x")
+        SqliteWrites(db).archive_row(404, by="operator", reason="x")
 
 
 def test_sc3_listing_by_scopes_returns_only_those_scopes(db: apsw.Connection) -> None:
+    ops = SqliteWrites(db)
     _add_memory(db, "a", "1")
     _add_memory(db, "b", "2", owner_id="bob", scope=Scope("owner", "bob"))
     _add_memory(db, "c", "3", scope=Scope("agent", "agent"), category="context")
-    rows = memories.list_rows(db, scopes=[Scope("owner", "alice"), Scope("agent", "agent")])
+    rows = ops.rows(scopes=[Scope("owner", "alice"), Scope("agent", "agent")])
     assert sorted(r.key for r in rows) == ["a", "c"]
-    assert memories.list_rows(db, scopes=[]) == []
-    found = memories.search(db, "2 OR 1", scopes=[Scope("owner", "alice")])
+    assert ops.rows(scopes=[]) == []
+    found = ops.search_rows("2 OR 1", scopes=[Scope("owner", "alice")])
     assert all(r.owner_id == "alice" for r in found)
 
 
 def test_a3_change_counter_moves_on_every_memory_write(db: apsw.Connection) -> None:
-    start = memories.change_counter(db)
+    ops = SqliteWrites(db)
+    start = ops.memory_version()
     row = _add_memory(db, "k", "v")
-    after_insert = memories.change_counter(db)
+    after_insert = ops.memory_version()
     with transaction(db):
-        memories.archive(db, row.id, by="operator", reason="r")
-    assert start < after_insert < memories.change_counter(db)
+        ops.archive_row(row.id, by="operator", reason="r")
+    assert start < after_insert < ops.memory_version()
 
 
 def test_p2_revisions_are_recorded_only_when_content_changes(db: apsw.Connection) -> None:
+    ops = SqliteWrites(db)
     with transaction(db):
-        first = resources.record(db, "agent", "user_md", "# User\n", reason="rebuild")
-        same = resources.record(db, "agent", "user_md", "# User\n", reason="rebuild")
-        second = resources.record(db, "agent", "user_md", "# User\n- tea\n", reason="rebuild")
+        first = ops.record_revision("agent", "user_md", "# User\n", reason="rebuild")
+        same = ops.record_revision("agent", "user_md", "# User\n", reason="rebuild")
+        second = ops.record_revision("agent", "user_md", "# User\n- tea\n", reason="rebuild")
     assert first is not None and first.revision == 1
     assert same is None
     assert second is not None and second.revision == 2
-    assert [r.revision for r in resources.history(db, "agent", "user_md")] == [2, 1]
-    assert resources.get_revision(db, "agent", "user_md", 1).content == "# User\n"
+    assert [r.revision for r in ops.revisions("agent", "user_md")] == [2, 1]
+    assert ops.revision("agent", "user_md", 1).content == "# User\n"
     with pytest.raises(NotFoundError):
-        resources.get_revision(db, "agent", "user_md", 9)
+        ops.revision("agent", "user_md", 9)
     with pytest.raises(InvalidInputError):
-        resources.history(db, "agent", "passwords", limit=1)
+        ops.revisions("agent", "passwords", limit=1)
 
 
 def test_s6_a_job_gets_its_own_memory_source_and_runs(db: apsw.Connection) -> None:

@@ -187,6 +187,19 @@ def test_replace_changes_value_key_and_category_and_keeps_or_sets_provenance(
         assert r.search_rows("cats") == r.search_rows("Rex") == []
 
 
+def test_a_row_naming_a_source_that_does_not_exist_is_refused_on_both(storage: Store) -> None:
+    """A missing source is a failed write on both adapters, for an upsert and a replace
+    alike (not a key taken: a replace looks for the key before it writes), and changes
+    nothing."""
+    row = upsert(storage, "pet", "a cat")
+    nowhere = Provenance(source_id=404_404)
+    with pytest.raises(WriteFailedError):
+        upsert(storage, "pet", "a dog", provenance=nowhere)
+    with pytest.raises(WriteFailedError):
+        storage.write(lambda w: w.replace_row(row.id, value="a dog", provenance=nowhere))
+    assert plain([read(storage, lambda r: r.require_row(row.id))]) == plain([row])
+
+
 def test_s7_archive_keeps_its_first_record_and_restore_clears_it(storage: Store) -> None:
     row = upsert(storage, "city", "Paris")
     archived = storage.write(

@@ -1,5 +1,6 @@
 """How memory rows are found relevant to a text, both adapters alike (M6, SC3): the query's words,
-the places' parameters, the re-ranking."""
+the places' filter, the re-ranking. The search itself is each adapter's (FTS5's ``MATCH``
+on SQLite, the rows' stems on PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ def query_words(texts: Sequence[str]) -> list[str]:
     return list(words)
 
 
-def place_params(agent_id: str, places: Sequence[tuple[str, Scope]]) -> list[Any]:
-    """The parameters of :func:`relevant`'s filter: ``agent_id``, then each place's owner
-    id, scope type and scope id."""
+def in_places(agent_id: str, places: Sequence[tuple[str, Scope]]) -> tuple[str, list[Any]]:
+    """The condition (on ``memories AS m``, with ``?`` marks) and the parameters of the rows
+    a search for relevant rows may find: live rows of ``agent_id`` in one of ``places``, the
+    (owner id, scope) pairs the caller may see."""
+    place = " OR ".join(["(m.owner_id = ? AND m.scope_type = ? AND m.scope_id = ?)"] * len(places))
     params: list[Any] = [agent_id]
     for owner_id, scope in places:
         params.extend((owner_id, scope.type, scope.id))
-    return params
+    return f"m.agent_id = ? AND m.archived_at IS NULL AND ({place})", params
 
 
 def rerank(

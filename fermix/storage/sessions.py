@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from fermix.storage import api_tokens
 from fermix.storage import jobs as _jobs
+from fermix.storage import memories as _memories
+from fermix.storage import resources as _resources
 from fermix.storage import vectors as _vectors
 from fermix.storage.operation import Session, SqlOp, WriteSession
 
@@ -35,6 +37,21 @@ class SharedReads(Session):
     memory_vectors = SqlOp(_vectors.memory_vectors)
     vector_coverage = SqlOp(_vectors.coverage)
 
+    # memory rows (their search by text and change counters are each adapter's)
+    row = SqlOp(_memories.get)
+    require_row = SqlOp(_memories.require)
+    row_by_key = SqlOp(_memories.get_by_key)
+    rows = SqlOp(_memories.list_rows)
+    memory_agents = SqlOp(_memories.agents)
+    memory_owners = SqlOp(_memories.owners)
+
+    # prompt-file resources and their revisions
+    resource = SqlOp(_resources.get_resource)
+    resources = SqlOp(_resources.list_resources)
+    current_revision = SqlOp(_resources.current)
+    revision = SqlOp(_resources.get_revision)
+    revisions = SqlOp(_resources.history)
+
 
 class SharedWrites(SharedReads, WriteSession):
     """The write operations both adapters run with the same SQL."""
@@ -51,3 +68,13 @@ class SharedWrites(SharedReads, WriteSession):
 
     # vectors for recall (Q2)
     reset_vectors = SqlOp(_vectors.reset)
+
+    # memory rows
+    upsert_row = SqlOp(_memories.upsert)
+    replace_row = SqlOp(_memories.replace_value)
+    archive_row = SqlOp(_memories.archive)
+    restore_row = SqlOp(_memories.restore)
+
+    # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
+    record_revision = SqlOp(_resources.record)
+    lock_owner = SqlOp(_resources.lock_owner)

@@ -12,11 +12,28 @@ against the write lock) stays in its adapter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 Params = Sequence[Any]
+
+
+def _nothing(key: str, value: str) -> tuple[Any, ...]:
+    return ()
+
+
+@dataclass(frozen=True, slots=True)
+class SearchColumns:
+    """The columns a memory row stores beside its own for its adapter's search, their values
+    computed in Python from the row's key and value (none where the database keeps its
+    search itself, as SQLite's FTS5 mirror by triggers)."""
+
+    names: tuple[str, ...] = ()
+    marks: tuple[str, ...] = ()
+    """Each column's mark: ``?``, or ``?`` with a cast."""
+    values: Callable[[str, str], tuple[Any, ...]] = _nothing
+    """The columns' values for a row's key and value, in the order of :attr:`names`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +47,18 @@ class Dialect:
     collation), appended to a column in an ``ORDER BY``: keys then sort the same on both."""
     json_items: str
     """A table function of one JSON array parameter, giving its items as ``value``."""
+
+    # memory rows and prompt-file resources (memories.py, resources.py)
+    for_update: str
+    """What makes a ``SELECT`` lock the rows it reads until the transaction ends, appended
+    to it (PostgreSQL's ``FOR UPDATE``); nothing on SQLite, whose single writer holds them
+    all already."""
+    owner_lock: str
+    """The statement that waits for, then holds until the transaction ends, the lock of one
+    (agent id, owner id) given as its two marks (PostgreSQL's advisory lock); none (``""``)
+    on SQLite, whose write transactions already run one at a time."""
+    memory_search: SearchColumns
+    """The columns a memory row stores for this adapter's search (PostgreSQL's stems)."""
 
 
 class Sql(Protocol):

@@ -1,6 +1,6 @@
 """Memory rows found by text on PostgreSQL: ``search_rows`` and ``relevant_rows`` with the
-results of :func:`fermix.storage.sqlite.memories.search` and
-:func:`fermix.storage.sqlite.memory_relevance.relevant` (M6, SC3).
+results of :func:`fermix.storage.sqlite.memory_relevance.search` and
+:func:`~fermix.storage.sqlite.memory_relevance.relevant` (M6, SC3).
 
 SQLite orders the rows matching a search by FTS5's ``bm25()`` over ``memories_fts``. This
 module gives that very order: the GIN index over the rows' stems finds the same rows FTS5's
@@ -25,18 +25,17 @@ from typing import Any
 
 from fermix.model import MemoryRow, Scope
 from fermix.storage import fulltext as fts
-from fermix.storage.memories import COLUMNS, row_of
-from fermix.storage.memory_relevance import place_params, query_words, rerank
+from fermix.storage.memories import SELECT_M, filters, row_of
+from fermix.storage.memory_relevance import in_places, query_words, rerank
 from fermix.storage.messages import MAX_SCOPED_MATCHES
 from fermix.storage.port import CANDIDATES
-from fermix.storage.postgres import memories, stems
-from fermix.storage.postgres.connection import Conn, fetch_rows, fetch_value
+from fermix.storage.postgres import stems
+from fermix.storage.sql import Sql
 
 MAX_MATCHES = MAX_SCOPED_MATCHES
 """Matching rows ranked in Python at most; beyond, ``ts_rank`` chooses (see above)."""
 K1 = 1.2
 B = 0.75
-_COLUMNS = ", ".join(f"m.{c}" for c in COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -113,7 +112,7 @@ def bm25(
 
 
 def best(
-    conn: Conn, text: str, where: Iterable[str], params: Sequence[Any], limit: int
+    sql: Sql, text: str, where: Iterable[str], params: Sequence[Any], limit: int
 ) -> list[MemoryRow]:
     """The rows of ``memories AS m`` meeting ``where`` that hold a word of ``text``, the
     best ``limit`` by FTS5's ``bm25()`` (ties in id order), as SQLite's ``ORDER BY
@@ -121,26 +120,24 @@ def best(
     query = Query.of(text)
     if query is None or limit <= 0:
         return []
-    condition = " AND ".join(["m.stems @@ %s::tsquery", *where])
-    select = f"SELECT {_COLUMNS} FROM memories AS m WHERE {condition}"
+    condition = " AND ".join(["m.stems @@ ?::tsquery", *where])
+    select = f"SELECT {SELECT_M} FROM memories AS m WHERE {condition}"
     match = query.match
-    found = fetch_rows(conn, f"{select} ORDER BY m.id LIMIT %s", (match, *params, MAX_MATCHES + 1))
+    found = sql.rows(f"{select} ORDER BY m.id LIMIT ?", (match, *params, MAX_MATCHES + 1))
     if len(found) > MAX_MATCHES:
-        found = fetch_rows(
-            conn,
-            f"{select} ORDER BY ts_rank(m.stems, %s::tsquery) DESC, m.id LIMIT %s",
+        found = sql.rows(
+            f"{select} ORDER BY ts_rank(m.stems, ?::tsquery) DESC, m.id LIMIT ?",
             (match, *params, match, limit),
         )
         return [row_of(r) for r in found]
     if not found:
         return []
     literals = query.literals
-    counts = ", ".join(["count(*) FILTER (WHERE stems @@ %s::tsquery)"] * len(literals))
-    stats = fetch_rows(
-        conn,
+    counts = ", ".join(["count(*) FILTER (WHERE stems @@ ?::tsquery)"] * len(literals))
+    stats = sql.rows(
         "SELECT (SELECT coalesce(sum(row_count), 0) FROM memory_versions),"
         f" (SELECT coalesce(sum(token_count), 0) FROM memory_versions), {counts}"
-        " FROM memories WHERE stems @@ %s::tsquery",
+        " FROM memories WHERE stems @@ ?::tsquery",
         (*literals, match),
     )[0]
     hit_of = dict(zip(literals, stats[2:], strict=True))
@@ -158,7 +155,7 @@ def best(
 
 
 def search(
-    conn: Conn,
+    sql: Sql,
     text: str,
     *,
     agent_id: str | None = None,
@@ -172,7 +169,7 @@ def search(
     """Rows whose key or value matches any text, best first, within the given filters."""
     if fts.build_query(text) is None or limit <= 0:
         return []
-    where, params = memories.filters(
+    where, params = filters(
         agent_id=agent_id,
         owner_id=owner_id,
         scopes=scopes,
@@ -181,11 +178,11 @@ def search(
         archived=archived,
         prefix="m.",
     )
-    return best(conn, text, where, params, limit)
+    return best(sql, text, where, params, limit)
 
 
 def relevant(
-    conn: Conn,
+    sql: Sql,
     texts: Sequence[str],
     *,
     agent_id: str,
@@ -198,13 +195,9 @@ def relevant(
     words = " ".join(query_words(texts))
     if fts.build_query(words) is None or limit <= 0 or not places:
         return []
-    place = " OR ".join(
-        ["(m.owner_id = %s AND m.scope_type = %s AND m.scope_id = %s)"] * len(places)
-    )
-    where = f"m.agent_id = %s AND m.archived_at IS NULL AND ({place})"
-    params = place_params(agent_id, places)
-    found = best(conn, words, [where], params, max(CANDIDATES, limit))
+    where, params = in_places(agent_id, places)
+    found = best(sql, words, [where], params, max(CANDIDATES, limit))
     if not found:
         return []
-    scope_rows = fetch_value(conn, f"SELECT count(*) FROM memories AS m WHERE {where}", params)
+    scope_rows = sql.value(f"SELECT count(*) FROM memories AS m WHERE {where}", params)
     return rerank(words, found, scope_rows=int(scope_rows), tokenize=stems.tokenizer(), limit=limit)

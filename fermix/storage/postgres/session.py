@@ -16,7 +16,6 @@ from fermix.storage.postgres import memories as _memories
 from fermix.storage.postgres import memory_relevance as _relevance
 from fermix.storage.postgres import messages as _messages
 from fermix.storage.postgres import migrations as _migrations
-from fermix.storage.postgres import resources as _resources
 from fermix.storage.postgres import vectors as _vectors
 from fermix.storage.postgres.sql import PgSql
 from fermix.storage.sessions import SharedReads, SharedWrites
@@ -48,23 +47,10 @@ class PgReads(SharedReads):
     count_messages = Op(_messages.count)
     search_messages = Op(_messages.search)
 
-    # memory rows (pg/memories.py, pg/memory_relevance.py)
-    row = Op(_memories.get)
-    require_row = Op(_memories.require)
-    row_by_key = Op(_memories.get_by_key)
-    rows = Op(_memories.list_rows)
-    search_rows = Op(_relevance.search)
-    relevant_rows = Op(_relevance.relevant)
+    # memory rows: their search by text (stems) and change counters
+    search_rows = SqlOp(_relevance.search)
+    relevant_rows = SqlOp(_relevance.relevant)
     memory_version = Op(_memories.change_counter)
-    memory_agents = Op(_memories.agents)
-    memory_owners = Op(_memories.owners)
-
-    # prompt-file resources and their revisions (pg/resources.py)
-    resource = Op(_resources.get_resource)
-    resources = Op(_resources.list_resources)
-    current_revision = Op(_resources.current)
-    revision = Op(_resources.get_revision)
-    revisions = Op(_resources.history)
 
     # health, for fermix doctor (pg/health.py)
     schema_version = Op(_migrations.current_version)
@@ -104,16 +90,6 @@ class PgWrites(PgReads, SharedWrites):
 
     # messages
     insert_message = Op(_messages.insert)
-
-    # memory rows (pg/memories.py)
-    upsert_row = Op(_memories.upsert)
-    replace_row = Op(_memories.replace_value)
-    archive_row = Op(_memories.archive)
-    restore_row = Op(_memories.restore)
-
-    # prompt-file revisions (pg/resources.py), and the lock of one (agent, owner)
-    record_revision = Op(_resources.record)
-    lock_owner = Op(_resources.lock_owner)
 
     # health (pg/health.py)
     rebuild_fts = Op(_health.rebuild_fts)

@@ -5,13 +5,19 @@ from __future__ import annotations
 import functools
 from typing import Any, ClassVar, Final
 
+from fermix.storage.postgres import memories
 from fermix.storage.postgres.connection import Conn, execute, fetch_rows, send
-from fermix.storage.sql import Dialect, Params
+from fermix.storage.sql import Dialect, Params, SearchColumns
 
 POSTGRES: Final = Dialect(
     name="postgresql",
     binary_order=' COLLATE "C"',
     json_items="jsonb_array_elements_text(?::jsonb) AS j(value)",
+    # memory rows and prompt-file resources
+    for_update=" FOR UPDATE",
+    # a hash collision only makes two pairs wait for each other
+    owner_lock="SELECT pg_advisory_xact_lock(hashtextextended(? || chr(31) || ?, 0))",
+    memory_search=SearchColumns(("stems", "stem_count"), ("?::tsvector", "?"), memories.document),
 )
 
 

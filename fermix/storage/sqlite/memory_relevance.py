@@ -1,22 +1,67 @@
-"""The memory rows related to texts: what a review is shown beside its messages (M6, SC3).
+"""Memory rows found by text on SQLite: FTS5's ``MATCH`` over ``memories_fts`` (the table's
+mirror, kept by triggers), best first by its ``bm25()`` (M6, SC3).
 
-Full-text search over the rows of the places the caller may see (the filter is part of the
-query), re-ranked with the statistics of those rows. The table itself is
-:mod:`fermix.storage.sqlite.memories`.
+:func:`search` finds rows within a listing's filters; :func:`relevant` finds what a review
+is shown beside its messages, within the places the caller may see (the filter is part of
+the query), re-ranked with the statistics of those rows. The table itself is
+:mod:`fermix.storage.memories`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import apsw
 
 from fermix.model import MemoryRow, Scope
 from fermix.storage import fulltext as fts
-from fermix.storage.memories import COLUMNS, row_of
-from fermix.storage.memory_relevance import place_params, query_words, rerank
+from fermix.storage.memories import SELECT_M, filters, row_of
+from fermix.storage.memory_relevance import in_places, query_words, rerank
 from fermix.storage.port import CANDIDATES
-from fermix.storage.sqlite.connection import fetch_value
+from fermix.storage.sqlite.connection import fetch_rows, fetch_value
+
+
+def matches(
+    conn: apsw.Connection, match: str, where: Iterable[str], params: Sequence[Any], limit: int
+) -> list[MemoryRow]:
+    """The rows of ``memories AS m`` meeting ``where`` that FTS5 query ``match`` finds, the
+    best ``limit`` by ``bm25()``."""
+    statement = (
+        f"SELECT {SELECT_M} FROM memories_fts JOIN memories AS m ON m.id = memories_fts.rowid"
+        " WHERE memories_fts MATCH ?"
+        + "".join(f" AND {clause}" for clause in where)
+        + " ORDER BY bm25(memories_fts) LIMIT ?"
+    )
+    return [row_of(r) for r in fetch_rows(conn, statement, [match, *params, limit])]
+
+
+def search(
+    conn: apsw.Connection,
+    text: str,
+    *,
+    agent_id: str | None = None,
+    owner_id: str | None = None,
+    scopes: Iterable[Scope] | None = None,
+    scope_type: str | None = None,
+    category: str | None = None,
+    archived: bool | None = False,
+    limit: int = 10,
+) -> list[MemoryRow]:
+    """Rows whose key or value matches any text, best first, within the given filters."""
+    match = fts.build_query(text)
+    if match is None or limit <= 0:
+        return []
+    where, params = filters(
+        agent_id=agent_id,
+        owner_id=owner_id,
+        scopes=scopes,
+        scope_type=scope_type,
+        category=category,
+        archived=archived,
+        prefix="m.",
+    )
+    return matches(conn, match, where, params, limit)
 
 
 def relevant(
@@ -38,15 +83,8 @@ def relevant(
     match = fts.build_query(" ".join(words))
     if match is None or limit <= 0 or not places:
         return []
-    place = " OR ".join("(m.owner_id = ? AND m.scope_type = ? AND m.scope_id = ?)" for _ in places)
-    where = f"m.agent_id = ? AND m.archived_at IS NULL AND ({place})"
-    params = place_params(agent_id, places)
-    columns = ", ".join(f"m.{c}" for c in COLUMNS)
-    sql = (
-        f"SELECT {columns} FROM memories_fts JOIN memories AS m ON m.id = memories_fts.rowid"
-        f" WHERE memories_fts MATCH ? AND {where} ORDER BY bm25(memories_fts) LIMIT ?"
-    )
-    found = [row_of(r) for r in conn.execute(sql, [match, *params, max(CANDIDATES, limit)])]
+    where, params = in_places(agent_id, places)
+    found = matches(conn, match, [where], params, max(CANDIDATES, limit))
     if not found:
         return []
     scope_rows = fetch_value(

@@ -19,7 +19,6 @@ from fermix.storage.sqlite import memories as _memories
 from fermix.storage.sqlite import memory_relevance as _relevance
 from fermix.storage.sqlite import messages as _messages
 from fermix.storage.sqlite import migrations as _migrations
-from fermix.storage.sqlite import resources as _resources
 from fermix.storage.sqlite import vectors as _vectors
 from fermix.storage.sqlite.sql import SqliteSql
 
@@ -49,23 +48,10 @@ class SqliteReads(SharedReads):
     count_messages = Op(_messages.count)
     search_messages = Op(_messages.search)
 
-    # memory rows
-    row = Op(_memories.get)
-    require_row = Op(_memories.require)
-    row_by_key = Op(_memories.get_by_key)
-    rows = Op(_memories.list_rows)
-    search_rows = Op(_memories.search)
+    # memory rows: their search by text (FTS5) and change counter
+    search_rows = Op(_relevance.search)
     relevant_rows = Op(_relevance.relevant)
     memory_version = Op(_memories.change_counter)
-    memory_agents = Op(_memories.agents)
-    memory_owners = Op(_memories.owners)
-
-    # prompt-file resources and their revisions
-    resource = Op(_resources.get_resource)
-    resources = Op(_resources.list_resources)
-    current_revision = Op(_resources.current)
-    revision = Op(_resources.get_revision)
-    revisions = Op(_resources.history)
 
     # health, for fermix doctor: schema version, integrity, FTS mirrors
     schema_version = Op(_migrations.current_version)
@@ -104,16 +90,6 @@ class SqliteWrites(SqliteReads, SharedWrites):
 
     # messages
     insert_message = Op(_messages.insert)
-
-    # memory rows
-    upsert_row = Op(_memories.upsert)
-    replace_row = Op(_memories.replace_value)
-    archive_row = Op(_memories.archive)
-    restore_row = Op(_memories.restore)
-
-    # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
-    record_revision = Op(_resources.record)
-    lock_owner = Op(_resources.lock_owner)
 
     # health: an FTS mirror rebuilt from its content table (fermix doctor --fix)
     rebuild_fts = Op(_health.rebuild_fts)

@@ -6,10 +6,18 @@ from typing import Any, ClassVar, Final
 
 import apsw
 
-from fermix.storage.sql import Dialect, Params
+from fermix.storage.sql import Dialect, Params, SearchColumns
 from fermix.storage.sqlite.connection import fetch_rows
 
-SQLITE: Final = Dialect(name="sqlite", binary_order="", json_items="json_each(?)")
+SQLITE: Final = Dialect(
+    name="sqlite",
+    binary_order="",
+    json_items="json_each(?)",
+    # memory rows and prompt-file resources
+    for_update="",
+    owner_lock="",
+    memory_search=SearchColumns(),
+)
 
 
 class SqliteSql:
