@@ -13,6 +13,7 @@ against the write lock) stays in its adapter.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,6 +31,12 @@ class Dialect:
     collation), appended to a column in an ``ORDER BY``: keys then sort the same on both."""
     json_items: str
     """A table function of one JSON array parameter, giving its items as ``value``."""
+
+    # conversations
+    skip_locked: str
+    """What makes a ``SELECT`` lock the rows it returns and pass over those another
+    transaction holds (PostgreSQL's ``FOR UPDATE SKIP LOCKED``; nothing on SQLite, whose
+    one writer holds them all), appended after its ``LIMIT``."""
 
 
 class Sql(Protocol):
@@ -54,6 +61,11 @@ class Sql(Protocol):
 
     def run(self, sql: str, params: Params = ()) -> int:
         """Run one statement; return how many rows it changed."""
+        ...
+
+    def snapshot(self) -> AbstractContextManager[None]:
+        """A block whose reads see one snapshot: another connection's commit is in all of
+        them or in none (inside a write transaction, the transaction's own view)."""
         ...
 
     def send(self, sql: str, params: Params = ()) -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any, ClassVar, Final
+
+from psycopg import pq
 
 from fermix.storage.postgres.connection import Conn, execute, fetch_rows, send
 from fermix.storage.sql import Dialect, Params
@@ -12,6 +16,8 @@ POSTGRES: Final = Dialect(
     name="postgresql",
     binary_order=' COLLATE "C"',
     json_items="jsonb_array_elements_text(?::jsonb) AS j(value)",
+    # conversations
+    skip_locked=" FOR UPDATE SKIP LOCKED",
 )
 
 
@@ -42,6 +48,23 @@ class PgSql:
 
     def run(self, sql: str, params: Params = ()) -> int:
         return execute(self._conn, marked(sql), list(params))
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A ``REPEATABLE READ READ ONLY`` transaction outside a transaction; inside a write
+        unit the unit's own transaction (READ COMMITTED: each statement sees the commits
+        made before it, as the unit's other reads do)."""
+        conn = self._conn
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            yield
+            return
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def send(self, sql: str, params: Params = ()) -> None:
         send(self._conn, marked(sql), list(params))
