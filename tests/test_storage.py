@@ -303,7 +303,8 @@ def test_a1_a_messages_key_is_validated_once_per_key_and_never_skipped(
 
 
 def test_s1_a_sessions_operations_are_bound_to_its_connection_once(tmp_path: Path) -> None:
-    from fermix.storage.sqlite.session import Reads, Writes
+    from fermix.storage.sqlite.session import SqliteReads as Reads
+    from fermix.storage.sqlite.session import SqliteWrites as Writes
 
     one, two = open_database(tmp_path / "one.db"), open_database(tmp_path / "two.db")
     try:
