@@ -158,12 +158,13 @@ def build_scale(convs: list[Conversation], messages: int, path: Path, console: C
     :data:`SESSION_SPACING_MS` between sessions. Rows are written by fermix's own storage
     (:func:`fermix.storage.open_database`, the message insert of
     :mod:`fermix.storage.sqlite.messages`, conversation rows by
-    :mod:`~fermix.storage.sqlite.conversations`)
+    :mod:`~fermix.storage.conversations`)
     in transactions of :data:`SCALE_BATCH` messages, into a temporary file renamed into
     place once complete.
     """
-    from fermix.storage.sqlite import conversations as conversation_rows
+    from fermix.storage import conversations as conversation_rows
     from fermix.storage.sqlite import messages as message_rows
+    from fermix.storage.sqlite.sql import SqliteSql
 
     turns = [(t.speaker, t.content) for conv in convs for t in conv.turns]
     count = messages // SCALE_PER_CONVERSATION
@@ -176,7 +177,7 @@ def build_scale(convs: list[Conversation], messages: int, path: Path, console: C
         with transaction(conn):
             for c in range(count):
                 conversation_rows.touch(
-                    conn, scale_key(c), owner_id=scale_owner(c), trust="operator"
+                    SqliteSql(conn), scale_key(c), owner_id=scale_owner(c), trust="operator"
                 )
         pending = 0
         conn.execute("BEGIN IMMEDIATE")

@@ -98,11 +98,13 @@ def build(home: Path, messages_count: int) -> None:
     from fermix.core import categories
     from fermix.home import Home
     from fermix.runtime.prompt_files import PromptFiles
-    from fermix.storage.sqlite import conversations, messages
+    from fermix.storage import conversations
+    from fermix.storage.sqlite import messages
     from fermix.storage.sqlite.connection import transaction
     from fermix.storage.sqlite.database import Database
     from fermix.storage.sqlite.migrations import open_database
     from fermix.storage.sqlite.session import SqliteWrites
+    from fermix.storage.sqlite.sql import SqliteSql
 
     rng = random.Random(11)
     conn = open_database(home / "memory.db")
@@ -115,7 +117,7 @@ def build(home: Path, messages_count: int) -> None:
                 messages.insert(conn, NewMessage(key, role, words), created_at=i)
             for n in range(CONVERSATIONS):
                 key = ConversationKey(AGENT, "telegram", str(n))
-                conversations.touch(conn, key, owner_id="", trust="operator")
+                conversations.touch(SqliteSql(conn), key, owner_id="", trust="operator")
             for n in range(20):
                 SqliteWrites(conn).upsert_row(
                     agent_id=AGENT,

@@ -35,9 +35,10 @@ from soak.cli import ERROR_MARKS, CliLoop
 from soak.zygote import Child, Zygote
 
 from fermix.model import ConversationKey
-from fermix.storage.sqlite import messages
+from fermix.storage import messages
 from fermix.storage.sqlite.connection import fetch_rows
 from fermix.storage.sqlite.migrations import open_database
+from fermix.storage.sqlite.sql import SqliteSql
 
 pytestmark = pytest.mark.slow
 
@@ -240,7 +241,8 @@ def test_s8_two_hosts_and_the_cli_write_at_once_and_no_caller_sees_a_locked_data
             acked = load["acked"]
             assert len(acked["messages"]) == 300 and len(acked["rows"]) == 150
             for t in range(2):
-                stored = messages.conversation(conn, ConversationKey(AGENT, "chat", f"{tag}{t}"))
+                key = ConversationKey(AGENT, "chat", f"{tag}{t}")
+                stored = messages.conversation(SqliteSql(conn), key)
                 assert [m.content for m in stored] == [f"{tag}{t}-{i}" for i in range(150)]
             keys = fetch_rows(conn, "SELECT count(*) FROM memories WHERE key LIKE ?", (f"{tag}-%",))
             assert keys == [(7,)]

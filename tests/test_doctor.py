@@ -27,11 +27,13 @@ from fermix.errors import StorageError
 from fermix.home import Home
 from fermix.model import ConversationKey, NewMessage
 from fermix.runtime.prompt_files import PromptFiles, disk
-from fermix.storage.sqlite import conversations, messages, migrations
+from fermix.storage import conversations
+from fermix.storage.sqlite import messages, migrations
 from fermix.storage.sqlite.connection import apply_settings, raw_connect, transaction
 from fermix.storage.sqlite.database import Database
 from fermix.storage.sqlite.migrations import open_database
 from fermix.storage.sqlite.session import SqliteWrites
+from fermix.storage.sqlite.sql import SqliteSql
 
 AGENT = "assistant"
 KEY = ConversationKey(AGENT, "telegram", "42")
@@ -237,7 +239,7 @@ def test_e2_a_review_claim_past_its_expiry_fails_and_fix_releases_it(
     assert "assistant/telegram:42: expired" in out
     assert "`fermix doctor --fix` releases the claims" in out
     assert _fixed_and_passing(healthy) == ["released 1 expired review claim(s)"]
-    state = conversations.get(raw, KEY)
+    state = conversations.get(SqliteSql(raw), KEY)
     assert state is not None and state.review_claim_token is None
 
 
@@ -580,7 +582,7 @@ def test_s1_a_chat_id_like_100_is_shown_as_written_not_as_an_emoji(
     try:
         with transaction(conn):
             key = ConversationKey(AGENT, "telegram", "100")
-            conversations.touch(conn, key, owner_id="", trust="operator")
+            conversations.touch(SqliteSql(conn), key, owner_id="", trust="operator")
             messages.insert(conn, NewMessage(key, "user", "hello"))
     finally:
         conn.close()

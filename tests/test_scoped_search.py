@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fermix.model import ConversationKey, NewMessage
 from fermix.storage import fulltext as fts
-from fermix.storage.port import CANDIDATES
+from fermix.storage import messages as shared
 from fermix.storage.sqlite import messages
 from fermix.storage.sqlite.connection import transaction
 from fermix.storage.sqlite.migrations import latest_version, migrations, open_database
@@ -114,7 +114,7 @@ def reference(
         return []
     contents = [r[5] for r in matched]
     tokens = fts.tokenize_each(contents, tokenize)
-    keep = max(CANDIDATES, limit)
+    keep = shared.candidate_count(limit=limit, ranked=0)
     chosen = fts.preselect(text, tokens, scope_rows=len(scope), keep=keep, tokenize=tokenize)
     scores = fts.rank(
         text,
@@ -171,7 +171,7 @@ def test_search_equals_brute_force_when_candidates_are_preselected(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With few candidates, the bm25 of the scope chooses which rows fts.rank re-scores."""
-    monkeypatch.setattr(fts, "CANDIDATES", 3)
+    monkeypatch.setattr(shared, "CANDIDATES", 3)
     _store(fresh, rows)
     _check_all_scopes(fresh, query, limit=2)
 
@@ -211,7 +211,7 @@ def test_tokens_are_what_sqlite_stores_and_one_token_each(
     (value,) = fresh.execute(
         "SELECT search_scope FROM messages WHERE id = ?", (stored.id,)
     ).fetchall()[0]
-    conversation, owned = messages.conversation_token(key), messages.owner_token(agent, owner)
+    conversation, owned = shared.conversation_token(key), shared.owner_token(agent, owner)
     assert value == f"{conversation} {owned}"
     tokenize = fts.tokenizer(fresh)
     assert tokenize(conversation) == [conversation.lower()]
@@ -225,7 +225,7 @@ def test_a_word_typed_like_a_token_matches_only_text(fresh: apsw.Connection) -> 
     key = ConversationKey("agent", "telegram", "alice")
     with transaction(fresh):
         messages.insert(fresh, NewMessage(key, "user", "nothing to see", owner_id="alice"))
-    for token in (messages.conversation_token(key), messages.owner_token("agent", "alice")):
+    for token in (shared.conversation_token(key), shared.owner_token("agent", "alice")):
         assert messages.search(fresh, token, key=key) == []
         assert messages.search(fresh, token, agent_id="agent", owner_id="alice") == []
         assert messages.search(fresh, token) == []

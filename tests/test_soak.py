@@ -47,11 +47,12 @@ from fermix.clock import now_ms
 from fermix.core.review import CLAIM_TTL_MS
 from fermix.home import Home
 from fermix.runtime.prompt_files import PromptFiles, disk
+from fermix.storage import conversations
 from fermix.storage.integrity import FTS_TABLES
-from fermix.storage.sqlite import conversations
 from fermix.storage.sqlite.connection import fetch_rows, fetch_value
 from fermix.storage.sqlite.database import Database
 from fermix.storage.sqlite.migrations import open_database
+from fermix.storage.sqlite.sql import SqliteSql
 
 pytestmark = pytest.mark.slow
 
@@ -235,7 +236,7 @@ def check_database(home: Path, ledger: Ledger) -> int:
         assert fetch_value(conn, "PRAGMA quick_check") == "ok"
 
         now = now_ms()
-        for state in conversations.list_states(conn):
+        for state in conversations.list_states(SqliteSql(conn)):
             if state.review_claim_token is None:
                 continue
             expires = state.review_claim_expires_at
@@ -246,7 +247,7 @@ def check_database(home: Path, ledger: Ledger) -> int:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 taken = conversations.claim_review(
-                    conn, state.key, token="probe", now=expires, ttl_ms=CLAIM_TTL_MS
+                    SqliteSql(conn), state.key, token="probe", now=expires, ttl_ms=CLAIM_TTL_MS
                 )
             finally:
                 conn.execute("ROLLBACK")
@@ -291,9 +292,9 @@ def check_after_start(home: Path) -> int:
                 path = disk.file_path(Home(home), agent_id, name, owner_id)
                 on_disk = path.read_text(encoding="utf-8") if path.exists() else ""
                 assert on_disk == content, f"{path} is not its current revision"
-            for state in conversations.list_states(conn):
+            for state in conversations.list_states(SqliteSql(conn)):
                 conv = memory.conversation(*state.key.as_tuple(), owner_id=state.owner_id)
-                window = [m.id for m in conversations.window(conn, state.key)]
+                window = [m.id for m in conversations.window(SqliteSql(conn), state.key)]
                 assert [m.id for m in conv.history()] == window
         finally:
             conn.close()

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from fermix import model
 from fermix.errors import InvalidInputError, NotFoundError, SchemaTooNewError
 from fermix.model import ConversationKey, NewMessage, Scope
-from fermix.storage import jobs
+from fermix.storage import conversations, jobs
+from fermix.storage import messages as message_reads
 from fermix.storage.sqlite import messages
 from fermix.storage.sqlite.connection import fetch_rows, fetch_value, transaction
 from fermix.storage.sqlite.migrations import latest_version, migrate, open_database
@@ -81,12 +82,13 @@ def test_s3_messages_come_back_in_order_for_their_conversation_only(db: apsw.Con
         for i in range(5):
             messages.insert(db, NewMessage(KEY, "user", f"m{i}"), created_at=1000)
             messages.insert(db, NewMessage(other, "user", f"o{i}"), created_at=1000)
-    window = messages.conversation(db, KEY)
+    window = message_reads.conversation(SqliteSql(db), KEY)
     assert [m.content for m in window] == [f"m{i}" for i in range(5)]
-    assert [m.content for m in messages.conversation(db, KEY, limit=2, newest=True)] == ["m3", "m4"]
-    after = messages.conversation(db, KEY, after_id=window[2].id)
+    newest = message_reads.conversation(SqliteSql(db), KEY, limit=2, newest=True)
+    assert [m.content for m in newest] == ["m3", "m4"]
+    after = message_reads.conversation(SqliteSql(db), KEY, after_id=window[2].id)
     assert [m.content for m in after] == ["m3", "m4"]
-    assert messages.count(db, KEY) == 5
+    assert message_reads.count(SqliteSql(db), KEY) == 5
 
 
 def test_s3_the_conversation_index_exists_with_the_seed_columns(db: apsw.Connection) -> None:
@@ -117,14 +119,14 @@ def test_s3_a_bad_message_is_refused_before_anything_is_written(
     args = {"key": KEY, "role": "user", "content": "ok", field: value}
     with pytest.raises(InvalidInputError):
         NewMessage(**args)  # type: ignore[arg-type]
-    assert messages.count(db, KEY) == 0
+    assert message_reads.count(SqliteSql(db), KEY) == 0
 
 
 def test_s3_metadata_that_json_cannot_hold_is_refused(db: apsw.Connection) -> None:
     new = NewMessage(KEY, "user", "hi", metadata={"x": object()})
     with pytest.raises(InvalidInputError), transaction(db):
         messages.insert(db, new)
-    assert messages.count(db, KEY) == 0
+    assert message_reads.count(SqliteSql(db), KEY) == 0
 
 
 def test_s5_upsert_on_the_unique_key_never_duplicates(db: apsw.Connection) -> None:
@@ -273,16 +275,14 @@ def test_s8_two_processes_append_at_once_without_database_is_locked(tmp_path: Pa
         assert "locked" not in err and out.strip() == "done"
     conn = open_database(path)
     for name in ("p1", "p2"):
-        rows = messages.conversation(conn, ConversationKey("agent", "proc", name))
+        rows = message_reads.conversation(SqliteSql(conn), ConversationKey("agent", "proc", name))
         assert [m.content for m in rows] == [f"{name}-{i}" for i in range(300)]
 
 
 def test_s3_insert_returns_exactly_the_row_it_stored(db: apsw.Connection) -> None:
-    from fermix.storage.sqlite import conversations
-
     guest_key = ConversationKey("agent", "telegram", "no-row")
     with transaction(db):
-        conversations.touch(db, KEY, owner_id="alice", trust="operator")
+        conversations.touch(SqliteSql(db), KEY, owner_id="alice", trust="operator")
         returned = [
             messages.insert(db, NewMessage(KEY, "user", "given", owner_id="bob", trust="guest")),
             messages.insert(db, NewMessage(KEY, "user", "its conversation's", sender="alice")),
@@ -291,7 +291,7 @@ def test_s3_insert_returns_exactly_the_row_it_stored(db: apsw.Connection) -> Non
                 db, NewMessage(KEY, "assistant", "meta", metadata={"n": [1, "é"]}), created_at=7
             ),
         ]
-    stored = [messages.get(db, m.id) for m in returned]
+    stored = [message_reads.get(SqliteSql(db), m.id) for m in returned]
     assert returned == stored
     assert [m.trust for m in returned] == ["guest", "operator", "guest", "operator"]
     assert returned[3].created_at == 7 and returned[3].metadata == {"n": [1, "é"]}

@@ -224,6 +224,20 @@ def test_new_user_messages_are_listed_for_review(storage: Store) -> None:
         assert [(s.key, n) for s, n in r.with_new_user_messages(chat_id="456")] == [(OTHER, 1)]
 
 
+def test_m5_conversations_with_new_user_messages_list_most_first_then_in_key_order(
+    storage: Store,
+) -> None:
+    # Appended out of key order, with chat ids whose bytewise order ("B" < "a") is not a
+    # locale's: both adapters list ties by the key's bytes, whatever the insert order.
+    chats = {"b": 1, "a": 2, "B": 1, "A": 1, "c": 2}
+    for chat, pending in chats.items():
+        for i in range(pending):
+            append(storage, f"{chat}{i}", key=ConversationKey("agent", "telegram", chat))
+    with storage.read() as r:
+        listed = [(s.key.chat_id, n) for s, n in r.with_new_user_messages()]
+    assert listed == [("a", 2), ("c", 2), ("A", 1), ("B", 1), ("b", 1)]
+
+
 def test_one_review_claim_wins_until_it_expires(backend: Backend) -> None:
     storage = backend.db
     append(storage, "hello")

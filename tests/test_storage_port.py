@@ -109,9 +109,9 @@ def test_b1_the_adapters_sessions_share_no_class_but_the_port_s_own() -> None:
 
 
 def test_the_check_fails_for_a_session_that_lacks_an_operation() -> None:
-    namespace = {k: v for k, v in vars(PgReads).items() if k != "window_mark"}
+    namespace = {k: v for k, v in vars(PgReads).items() if k != "search_messages"}
     broken = type("BrokenReads", (SharedReads,), namespace)
-    assert problems(port.Inspection, broken) == ["BrokenReads lacks window_mark"]
+    assert problems(port.Inspection, broken) == ["BrokenReads lacks search_messages"]
 
 
 def test_the_check_fails_for_an_operation_with_another_signature() -> None:

@@ -9,8 +9,10 @@ Each adapter's sessions (:mod:`fermix.storage.sqlite.session`,
 from __future__ import annotations
 
 from fermix.storage import api_tokens
+from fermix.storage import conversations as _conversations
 from fermix.storage import jobs as _jobs
 from fermix.storage import memories as _memories
+from fermix.storage import messages as _messages
 from fermix.storage import resources as _resources
 from fermix.storage import vectors as _vectors
 from fermix.storage.operation import Session, SqlOp, WriteSession
@@ -52,6 +54,24 @@ class SharedReads(Session):
     revision = SqlOp(_resources.get_revision)
     revisions = SqlOp(_resources.history)
 
+    # conversations: state, window, review gates
+    conversation = SqlOp(_conversations.get)
+    conversations = SqlOp(_conversations.list_states)
+    window = SqlOp(_conversations.window)
+    window_mark = SqlOp(_conversations.window_mark)
+    window_snapshot = SqlOp(_conversations.window_snapshot)
+    window_since = SqlOp(_conversations.window_since)
+    newest_user_message_id = SqlOp(_conversations.newest_user_message_id)
+    with_new_user_messages = SqlOp(_conversations.with_new_user_messages)
+    review_backlog = SqlOp(_conversations.review_backlog)
+    due_reviews = SqlOp(_conversations.due_reviews)
+
+    # messages (each adapter searches them its own way)
+    message = SqlOp(_messages.get)
+    message_by_client_key = SqlOp(_messages.by_client_key)
+    messages = SqlOp(_messages.conversation)
+    count_messages = SqlOp(_messages.count)
+
 
 class SharedWrites(SharedReads, WriteSession):
     """The write operations both adapters run with the same SQL."""
@@ -78,3 +98,13 @@ class SharedWrites(SharedReads, WriteSession):
     # prompt-file revisions, and the lock of one (agent, owner) for a rebuild
     record_revision = SqlOp(_resources.record)
     lock_owner = SqlOp(_resources.lock_owner)
+
+    # conversations (each adapter inserts messages its own way)
+    touch_conversation = SqlOp(_conversations.touch)
+    update_conversation = SqlOp(_conversations.update)
+    claim_review = SqlOp(_conversations.claim_review)
+    claim_due_reviews = SqlOp(_conversations.claim_due_reviews)
+    finish_review = SqlOp(_conversations.finish_review)
+    release_review = SqlOp(_conversations.release_review)
+    fail_review = SqlOp(_conversations.fail_review)
+    release_expired_claims = SqlOp(_conversations.release_expired_claims)

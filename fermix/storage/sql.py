@@ -13,6 +13,7 @@ against the write lock) stays in its adapter.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,6 +61,12 @@ class Dialect:
     memory_search: SearchColumns
     """The columns a memory row stores for this adapter's search (PostgreSQL's stems)."""
 
+    # conversations
+    skip_locked: str
+    """What makes a ``SELECT`` lock the rows it returns and pass over those another
+    transaction holds (PostgreSQL's ``FOR UPDATE SKIP LOCKED``; nothing on SQLite, whose
+    one writer holds them all), appended after its ``LIMIT``."""
+
 
 class Sql(Protocol):
     """A connection as a shared statement sees it: ``?`` marks, rows as plain tuples.
@@ -83,6 +90,11 @@ class Sql(Protocol):
 
     def run(self, sql: str, params: Params = ()) -> int:
         """Run one statement; return how many rows it changed."""
+        ...
+
+    def snapshot(self) -> AbstractContextManager[None]:
+        """A block whose reads see one snapshot: another connection's commit is in all of
+        them or in none (inside a write transaction, the transaction's own view)."""
         ...
 
     def send(self, sql: str, params: Params = ()) -> None:

@@ -1,5 +1,5 @@
-"""The ``messages`` table on PostgreSQL: the operations of :mod:`fermix.storage.sqlite.messages`,
-with the same results.
+"""The ``messages`` table on PostgreSQL: the insert and the search, with SQLite's results (the
+reads and the search's ranking are :mod:`fermix.storage.messages`).
 
 The row's id is drawn by the ``messages_bi`` trigger after the conversation's row is
 locked (schema.sql), so within one conversation ids commit in order. A message is stored
@@ -12,31 +12,19 @@ and :func:`~fermix.storage.fulltext.rank`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from fermix.clock import now_ms
-from fermix.model import ConversationKey, Message, NewMessage, SearchHit
+from fermix.model import ConversationKey, Message, NewMessage
 from fermix.storage import fulltext as fts
-from fermix.storage.messages import (
-    MAX_SCOPED_MATCHES,
-    conversation_token,
-    owner_token,
-    scope_filter,
-)
-from fermix.storage.port import CANDIDATES, SearchHits
+from fermix.storage import messages
+from fermix.storage.messages import MAX_SCOPED_MATCHES, conversation_token, owner_token
+from fermix.storage.port import SearchHits
 from fermix.storage.postgres import stems
 from fermix.storage.postgres.connection import Conn, fetch_rows, fetch_value
+from fermix.storage.postgres.sql import PgSql
 
-_COLUMNS = (
-    "id, agent_id, owner_id, channel, chat_id, thread_scope, sender, role, kind, content, "
-    "metadata_json, created_at, trust, client_key"
-)
 _WHERE_KEY = "agent_id = %s AND channel = %s AND chat_id = %s AND thread_scope = %s"
-
-
-def _row(values: tuple[Any, ...]) -> Message:
-    return Message(*values)
-
 
 _INSERT = (
     "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
@@ -107,87 +95,6 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
     return Message(int(message_id), *values, int(stored_at), trust, new.client_key)
 
 
-def by_client_key(conn: Conn, key: ConversationKey, client_key: str) -> Message | None:
-    """The message of conversation ``key`` stored under ``client_key``, or None (N3)."""
-    rows = fetch_rows(
-        conn,
-        f"SELECT {_COLUMNS} FROM messages WHERE {_WHERE_KEY} AND client_key = %s",
-        (*key.as_tuple(), client_key),
-    )
-    return _row(rows[0]) if rows else None
-
-
-def get(conn: Conn, message_id: int) -> Message | None:
-    """The message with ``message_id``, or None."""
-    rows = fetch_rows(conn, f"SELECT {_COLUMNS} FROM messages WHERE id = %s", (message_id,))
-    return _row(rows[0]) if rows else None
-
-
-def conversation(
-    conn: Conn,
-    key: ConversationKey,
-    *,
-    after_id: int = 0,
-    limit: int | None = None,
-    newest: bool = False,
-    role: str | None = None,
-) -> list[Message]:
-    """Messages of ``key`` with id > ``after_id``, oldest first.
-
-    With ``limit``, the first ``limit`` such messages, or the last ``limit`` when ``newest``
-    (still returned oldest first).
-    """
-    where = f"{_WHERE_KEY} AND id > %s"
-    params: list[Any] = [*key.as_tuple(), after_id]
-    if role is not None:
-        where += " AND role = %s"
-        params.append(role)
-    order = "DESC" if newest else "ASC"
-    sql = f"SELECT {_COLUMNS} FROM messages WHERE {where} ORDER BY created_at {order}, id {order}"
-    if limit is not None:
-        sql += " LIMIT %s"
-        params.append(limit)
-    rows = [_row(r) for r in fetch_rows(conn, sql, params)]
-    if newest:
-        rows.reverse()
-    return rows
-
-
-def count(conn: Conn, key: ConversationKey, *, after_id: int = 0) -> int:
-    """How many messages ``key`` has with id > ``after_id``."""
-    return int(
-        fetch_value(
-            conn,
-            f"SELECT count(*) FROM messages WHERE {_WHERE_KEY} AND id > %s",
-            (*key.as_tuple(), after_id),
-        )
-    )
-
-
-def stored_after(
-    conn: Conn,
-    key: ConversationKey,
-    *,
-    after_id: int,
-    stored_from: int = 0,
-    limit: int | None = None,
-) -> list[Message]:
-    """Messages of ``key`` with id > ``after_id`` stored at or after ``stored_from`` (epoch
-    ms), oldest first; the newest ``limit`` of them when given."""
-    sql = f"SELECT {_COLUMNS} FROM messages WHERE {_WHERE_KEY} AND created_at >= %s AND id > %s"
-    params: list[Any] = [*key.as_tuple(), stored_from, after_id]
-    if limit is None:
-        return [_row(r) for r in fetch_rows(conn, sql + " ORDER BY created_at, id", params)]
-    rows = [
-        _row(r)
-        for r in fetch_rows(
-            conn, sql + " ORDER BY created_at DESC, id DESC LIMIT %s", [*params, limit]
-        )
-    ]
-    rows.reverse()
-    return rows
-
-
 # -- search ----------------------------------------------------------------------------
 
 DIRECT_MATCH_ROWS = 1_000
@@ -206,30 +113,11 @@ in a smaller table the index wins sooner, hence half that."""
 
 
 @dataclass(frozen=True, slots=True)
-class SearchScope:
-    """The messages one search covers, as :class:`fermix.storage.sqlite.messages.SearchScope`: a
-    SQL filter on ``messages AS m`` (the rule) and the scope lexemes that let the GIN index
-    walk only the scope's rows (the accelerator)."""
+class SearchScope(messages.SearchScope):
+    """A search scope (:class:`fermix.storage.messages.SearchScope`) whose tokens are
+    lexemes of the stems, which let the GIN index walk only the scope's rows."""
 
-    where: tuple[str, ...]
-    params: tuple[Any, ...]
-    tokens: tuple[str, ...]
-    indexed: bool = False
-
-    @classmethod
-    def of(
-        cls,
-        *,
-        agent_id: str | None = None,
-        key: ConversationKey | None = None,
-        owner_id: str | None = None,
-    ) -> SearchScope:
-        """The scope of :func:`search`'s filters (``key`` wins over ``agent_id``)."""
-        return cls(*scope_filter(agent_id=agent_id, key=key, owner_id=owner_id, mark="%s"))
-
-    def clause(self) -> str:
-        """The filter as one SQL condition on ``m`` (``true`` for the whole table)."""
-        return " AND ".join(self.where) or "true"
+    mark: ClassVar[str] = "%s"
 
     def count(self, conn: Conn, *, up_to: int | None = None) -> int:
         """How many messages the scope holds (with ``up_to``, counted up to that many only):
@@ -281,12 +169,11 @@ def search(
     limit: int = 10,
     ranked: int = 0,
 ) -> SearchHits:
-    """Messages matching any text, best first, as :func:`fermix.storage.sqlite.messages.search`
-    (with ``ranked``, the ids and ranks of the best ``ranked`` candidates too).
+    """Messages matching any text, best first (:meth:`fermix.storage.port.Reads.search_messages`).
 
     The candidates are the scope's rows holding any search word and the scope lexemes, in
-    id order, so :func:`fts.preselect` and :func:`fts.rank` see the rows SQLite's ``MATCH``
-    gives, in its order, and return the same hits and ranks. A conversation of at most
+    id order, so :func:`messages.ranked_hits` sees the rows SQLite's ``MATCH`` gives, in its
+    order, and returns the same hits and ranks. A conversation of at most
     :data:`DIRECT_MATCH_ROWS` messages is read by its index and each row matched, so its
     search costs what the conversation holds, whatever the table holds; any other scope is
     searched through the GIN index. Over :data:`MAX_SCOPED_MATCHES` matches, where SQLite
@@ -302,7 +189,6 @@ def search(
     small = _small_conversation(conn, scope)
     select = scope.matching(direct=small is not None)
     match = stems.scoped(words, scope.tokens)
-    candidates = max(CANDIDATES, limit, ranked)
     found = fetch_rows(
         conn, f"{select} ORDER BY m.id LIMIT %s", (*scope.params, match, MAX_SCOPED_MATCHES + 1)
     )
@@ -312,28 +198,14 @@ def search(
         found = fetch_rows(
             conn,
             f"{select} ORDER BY ts_rank(m.stems, %s::tsquery) DESC, m.id LIMIT %s",
-            (*scope.params, match, words, candidates),
+            (*scope.params, match, words, messages.candidate_count(limit=limit, ranked=ranked)),
         )
-    scope_rows = scope.count(conn) if small is None else small
-    tokenize = stems.tokenizer()
-    tokens = fts.tokenize_each([row[1] for row in found], tokenize)
-    chosen = fts.preselect(text, tokens, scope_rows=scope_rows, keep=candidates, tokenize=tokenize)
-    found = [found[i] for i in chosen]
-    scores = fts.rank(
+    return messages.ranked_hits(
+        PgSql(conn),
         text,
-        [row[1] for row in found],
-        scope_rows=scope_rows,
-        tokenize=tokenize,
-        tokens=[tokens[i] for i in chosen],
+        found,
+        scope_rows=scope.count(conn) if small is None else small,
+        tokenize=stems.tokenizer(),
+        limit=limit,
+        ranked=ranked,
     )
-    order = sorted(range(len(found)), key=lambda i: -scores[i])
-    best = order[:limit]
-    ids = [int(found[i][0]) for i in best]
-    rows = fetch_rows(conn, f"SELECT {_COLUMNS} FROM messages WHERE id = ANY(%s)", (ids,))
-    by_id = {message.id: message for message in map(_row, rows)}
-    # A row deleted since the match is left out rather than failing the search.
-    hits = [SearchHit(by_id[found[i][0]], -scores[i]) for i in best if found[i][0] in by_id]
-    if not ranked:
-        return SearchHits(hits)
-    top = order[:ranked]
-    return SearchHits(hits, [int(found[i][0]) for i in top], [-scores[i] for i in top])

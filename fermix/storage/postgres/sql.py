@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any, ClassVar, Final
+
+from psycopg import pq
 
 from fermix.storage.postgres import memories
 from fermix.storage.postgres.connection import Conn, execute, fetch_rows, send
@@ -18,6 +22,8 @@ POSTGRES: Final = Dialect(
     # a hash collision only makes two pairs wait for each other
     owner_lock="SELECT pg_advisory_xact_lock(hashtextextended(? || chr(31) || ?, 0))",
     memory_search=SearchColumns(("stems", "stem_count"), ("?::tsvector", "?"), memories.document),
+    # conversations
+    skip_locked=" FOR UPDATE SKIP LOCKED",
 )
 
 
@@ -48,6 +54,23 @@ class PgSql:
 
     def run(self, sql: str, params: Params = ()) -> int:
         return execute(self._conn, marked(sql), list(params))
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A ``REPEATABLE READ READ ONLY`` transaction outside a transaction; inside a write
+        unit the unit's own transaction (READ COMMITTED: each statement sees the commits
+        made before it, as the unit's other reads do)."""
+        conn = self._conn
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            yield
+            return
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            yield
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
 
     def send(self, sql: str, params: Params = ()) -> None:
         send(self._conn, marked(sql), list(params))

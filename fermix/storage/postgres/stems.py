@@ -9,8 +9,8 @@ SQLite's ``MATCH`` returns, and :mod:`fermix.storage.fulltext` ranks them unchan
 
 - A word the tokenizer cuts in pieces (``foo_bar``) is a phrase (``'foo' <-> 'bar'``), as a
   quoted FTS5 string is; positions are token positions, so adjacency is the same.
-- The scope lexemes of migration 7 (:func:`fermix.storage.sqlite.messages.conversation_token` and
-  :func:`~fermix.storage.sqlite.messages.owner_token`) are stored in the same ``tsvector``,
+- The scope lexemes of migration 7 (:func:`fermix.storage.messages.conversation_token` and
+  :func:`~fermix.storage.messages.owner_token`) are stored in the same ``tsvector``,
   without positions, behind ``#``: the tokenizer never keeps a ``#``, so a typed word can
   never match one (on SQLite they live in a column of their own).
 

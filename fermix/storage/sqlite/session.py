@@ -13,7 +13,6 @@ from fermix.storage import vectors as _shared_vectors
 from fermix.storage.operation import Op, SqlOp
 from fermix.storage.sessions import SharedReads, SharedWrites
 from fermix.storage.sql import Sql
-from fermix.storage.sqlite import conversations as _conversations
 from fermix.storage.sqlite import health as _health
 from fermix.storage.sqlite import memories as _memories
 from fermix.storage.sqlite import memory_relevance as _relevance
@@ -29,23 +28,7 @@ class SqliteReads(SharedReads):
     def shared_sql(self, conn: Any) -> Sql:
         return SqliteSql(conn)
 
-    # conversations: state, window, review gates
-    conversation = Op(_conversations.get)
-    conversations = Op(_conversations.list_states)
-    window = Op(_conversations.window)
-    window_mark = Op(_conversations.window_mark)
-    window_snapshot = Op(_conversations.window_snapshot)
-    window_since = Op(_conversations.window_since)
-    newest_user_message_id = Op(_conversations.newest_user_message_id)
-    with_new_user_messages = Op(_conversations.with_new_user_messages)
-    review_backlog = Op(_conversations.review_backlog)
-    due_reviews = Op(_conversations.due_reviews)
-
-    # messages
-    message = Op(_messages.get)
-    message_by_client_key = Op(_messages.by_client_key)
-    messages = Op(_messages.conversation)
-    count_messages = Op(_messages.count)
+    # messages: the search (the reads are shared)
     search_messages = Op(_messages.search)
 
     # memory rows: their search by text (FTS5) and change counter
@@ -78,17 +61,7 @@ class SqliteWrites(SqliteReads, SharedWrites):
     <fermix.storage.sqlite.database.Database.write>`).
     """
 
-    # conversations
-    touch_conversation = Op(_conversations.touch)
-    update_conversation = Op(_conversations.update)
-    claim_review = Op(_conversations.claim_review)
-    claim_due_reviews = Op(_conversations.claim_due_reviews)
-    finish_review = Op(_conversations.finish_review)
-    release_review = Op(_conversations.release_review)
-    fail_review = Op(_conversations.fail_review)
-    release_expired_claims = Op(_conversations.release_expired_claims)
-
-    # messages
+    # messages: the insert (the rest of the conversation's writes are shared)
     insert_message = Op(_messages.insert)
 
     # health: an FTS mirror rebuilt from its content table (fermix doctor --fix)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, ClassVar, Final
 
 import apsw
@@ -17,6 +19,8 @@ SQLITE: Final = Dialect(
     for_update="",
     owner_lock="",
     memory_search=SearchColumns(),
+    # conversations
+    skip_locked="",
 )
 
 
@@ -39,6 +43,15 @@ class SqliteSql:
     def run(self, sql: str, params: Params = ()) -> int:
         fetch_rows(self._conn, sql, tuple(params))
         return int(self._conn.changes())
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        # A savepoint is a read transaction outside a write, and nests inside one.
+        self._conn.execute("SAVEPOINT snapshot")
+        try:
+            yield
+        finally:
+            self._conn.execute("RELEASE snapshot")
 
     def send(self, sql: str, params: Params = ()) -> None:
         fetch_rows(self._conn, sql, tuple(params))
