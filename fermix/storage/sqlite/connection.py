@@ -147,7 +147,13 @@ def fetch_rows(
     """
     try:
         return [tuple(row) for row in conn.execute(sql, params)]
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(f"a value is not valid Unicode text ({exc.reason})") from None
-    except OverflowError:
-        raise InvalidInputError("a number is too large for SQLite (64-bit integers)") from None
+    except (UnicodeEncodeError, OverflowError) as exc:
+        raise invalid_input(exc) from None
+
+
+def invalid_input(error: UnicodeEncodeError | OverflowError) -> InvalidInputError:
+    """The typed error of a parameter SQLite cannot take: text that is not valid Unicode (a
+    lone surrogate from a terminal or a model), or an integer past 64 bits."""
+    if isinstance(error, UnicodeEncodeError):
+        return InvalidInputError(f"a value is not valid Unicode text ({error.reason})")
+    return InvalidInputError("a number is too large for SQLite (64-bit integers)")

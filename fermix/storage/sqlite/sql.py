@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Final
 import apsw
 
 from fermix.storage.sql import Dialect, Params, SearchColumns
-from fermix.storage.sqlite.connection import fetch_rows
+from fermix.storage.sqlite.connection import invalid_input
 
 SQLITE: Final = Dialect(
     name="sqlite",
@@ -34,14 +34,20 @@ class SqliteSql:
         self._conn = conn
 
     def rows(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
-        return fetch_rows(self._conn, sql, tuple(params))
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except (UnicodeEncodeError, OverflowError) as exc:
+            raise invalid_input(exc) from None
 
     def value(self, sql: str, params: Params = ()) -> Any:
-        rows = fetch_rows(self._conn, sql, tuple(params))
-        return rows[0][0] if rows else None
+        try:
+            row = self._conn.execute(sql, params).fetchone()
+        except (UnicodeEncodeError, OverflowError) as exc:
+            raise invalid_input(exc) from None
+        return None if row is None else row[0]
 
     def run(self, sql: str, params: Params = ()) -> int:
-        fetch_rows(self._conn, sql, tuple(params))
+        self.send(sql, params)
         return int(self._conn.changes())
 
     @contextlib.contextmanager
@@ -54,4 +60,9 @@ class SqliteSql:
             self._conn.execute("RELEASE snapshot")
 
     def send(self, sql: str, params: Params = ()) -> None:
-        fetch_rows(self._conn, sql, tuple(params))
+        # apsw runs a statement that returns no row within execute(): nothing to fetch (the
+        # append's touch goes this way, so it pays no list and no copy of its parameters)
+        try:
+            self._conn.execute(sql, params)
+        except (UnicodeEncodeError, OverflowError) as exc:
+            raise invalid_input(exc) from None
