@@ -6,7 +6,7 @@ as tiktoken names its cache files (the sha1 of the download URL): see
 :data:`LITELLM_TOKENIZER_DIRS`. When neither ``TIKTOKEN_CACHE_DIR`` nor ``DATA_GYM_CACHE_DIR``
 is set, the first count points ``TIKTOKEN_CACHE_DIR`` at that folder, found without importing
 litellm (which takes seconds). That layout is litellm's, not a promise: pyproject.toml caps
-litellm, and tests/test_token_counts.py checks the installed one still has it.
+litellm, and tests/core/test_token_counts.py checks the installed one still has it.
 
 An encoding is loaded only when its cache file is present and intact (tiktoken would
 otherwise fetch it, or delete a damaged copy and fetch it). When it is not, counts fall back

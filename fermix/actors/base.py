@@ -24,7 +24,7 @@ Every failure passes through ``_handle_failure()`` and every life ends when the 
 asking each subclass to call ``super()`` from its ``on_start``, ``on_stop`` and
 ``on_failure``: subclasses override those hooks freely, and the exit is reported exactly
 once, after the actor's own cleanup has run and (but for the last path) pykka has answered
-its pending asks with ``ActorDeadError``. tests/test_supervisor.py pins each path above
+its pending asks with ``ActorDeadError``. tests/runtime/test_supervisor.py pins each path above
 against the installed pykka.
 """
 

@@ -1,5 +1,5 @@
 // One complete turn against the fermix memory server from Node 20, with no package: the
-// global fetch only (N1). Run by tests/test_node_host.py against a real server:
+// global fetch only (N1). Run by tests/server/test_node_host.py against a real server:
 //
 //   FERMIX_URL=http://127.0.0.1:8765 FERMIX_TOKEN=fmx_... node tests/node/turn.mjs
 //

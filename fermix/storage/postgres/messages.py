@@ -61,7 +61,7 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
     insert runs and every message committed before it is seen. Within a conversation times
     then follow ids, as on SQLite, even when another service's clock is ahead of this one's
     (another machine: windows are read in time order, and a time behind the latest would
-    put an acknowledged message before older ones, tests/test_multi_service.py), and even
+    put an acknowledged message before older ones, tests/server/test_multi_service.py), and even
     though in the group commit's pipeline the clock is read before the touch has waited for
     the lock. The read of the latest time (about 20 us) is paid on every insert: reading
     the clock after the lock is not enough, since the clocks of two services need not agree.

@@ -502,7 +502,7 @@ def test_n1_the_openapi_document_lists_every_admin_route_with_its_models(site: S
 # -- fermix.Client against a real server process (N4) ------------------------------------
 
 # That the client's methods have the embedded signatures is fermix.surface's, checked by
-# mypy --strict and tests/test_surface.py.
+# mypy --strict and tests/server/test_surface.py.
 
 
 def test_n4_client_inspects_rows_and_revisions_as_the_embedded_memory(

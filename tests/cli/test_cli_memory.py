@@ -108,7 +108,7 @@ def test_memory_list_on_an_empty_home_never_imports_litellm(home: Path) -> None:
 def test_every_cli_command_is_documented_in_the_readme() -> None:
     from fermix.cli import build_parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     parser = build_parser()
     missing = []
     for group_name, group in _subparsers(parser).items():

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from server_fixtures import AGENT, ServerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "http.md"
 SCRIPT = ROOT / "tests" / "node" / "turn.mjs"
 TURN_HEADING = "## A turn"

@@ -303,7 +303,7 @@ def test_the_offline_sources_are_the_ones_tiktoken_would_fetch(
 
 # --- the litellm wheel layout fermix relies on (pinned in pyproject.toml) ---
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def runtime_requirement(name: str) -> Requirement:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _project() -> dict[str, object]:

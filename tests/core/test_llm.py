@@ -446,7 +446,7 @@ def test_the_model_server_stops_promptly_while_an_answer_hangs() -> None:
 def test_the_model_server_runs_in_its_own_process_from_a_script(tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"reply": "scripted"}, {"default": True, "fail": 503}]))
-    command = [sys.executable, str(Path(__file__).with_name("model_server.py"))]
+    command = [sys.executable, str(Path(__file__).resolve().parents[1] / "model_server.py")]
     with subprocess.Popen(
         [*command, "--script", str(script)], stdout=subprocess.PIPE, text=True
     ) as child:

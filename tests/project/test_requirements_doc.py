@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 THIS_FILE = Path(__file__).resolve()
-ROOT = THIS_FILE.parents[1]
+ROOT = THIS_FILE.parents[2]
 DOC = ROOT / "docs" / "requirements.md"
 SCANNED_DIRS = ("fermix", "tests", "bench")
 SCANNED_SUFFIXES = {".py", ".md", ".sql"}

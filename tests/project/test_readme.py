@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from model_server import ModelServer
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _host_loop() -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fermix"
 README = ROOT / "README.md"
 _ROW = re.compile(r"^\|\s*(?P<layer>[a-z]+)\s*\|(?P<modules>[^|]+)\|")

@@ -59,7 +59,7 @@ pytestmark = pytest.mark.slow
 SECONDS = float(os.environ.get("FERMIX_SOAK_SECONDS", "20"))
 MIN_KILLS = 5
 SEED = int(os.environ.get("FERMIX_SOAK_SEED") or random.randrange(1 << 32))
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 AGENT = "soak"
 CATEGORIES = ("identity", "preference", "interest", "goal", "context")
 
