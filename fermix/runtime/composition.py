@@ -167,9 +167,9 @@ class Services:
         return self._started
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop the timer, the embedder, the registry and the tree (queued work finishes
-        first), finish the queued prompt-file rebuilds, then close the store; once, whatever
-        was started."""
+        """Stop the timer, the embedder and the tree (queued work finishes first; the tree
+        stops the conversation actors the registry started), finish the queued prompt-file
+        rebuilds, then close the store; once, whatever was started."""
         with self._lock:
             if self._stopped:
                 return
@@ -180,7 +180,6 @@ class Services:
                 self.timer.stop(timeout)
                 if self._indexer is not None:
                     self._indexer.stop(timeout)
-                self.registry.stop()
                 self.tree.stop(timeout=timeout)
             self.files.settle()  # prompt-file rebuilds queued by reviews and composes
         finally:

@@ -64,11 +64,6 @@ class ConversationRegistry:
         # Looked up on every use: the supervisor itself is restarted by its parent.
         return self._current_supervisor()
 
-    def stop(self) -> None:
-        """Nothing to stop: the registry has no thread (the runtime's timer calls
-        :meth:`passivate_idle`) and the supervisor stops the actors. The runtime's close
-        still calls it; the two go together."""
-
     def ask(self, key: ConversationKey, message: Any, *, timeout: float | None = 30.0) -> Any:
         """Send ``message`` to the actor of ``key`` and return its reply."""
         return ask_found(

@@ -1,12 +1,12 @@
-"""The PostgreSQL adapter of the storage port (issue 15, docs/postgres.md): first slice.
+"""The PostgreSQL adapter of the storage port (B1, docs/postgres.md): one database shared
+by several services, through psycopg.
 
-:class:`~fermix.storage.postgres.database.PgDatabase` offers what
-:class:`~fermix.storage.Database` offers (``read()``, ``write``, ``append``, ``write_each``,
-``append_each``) with sessions (:mod:`fermix.storage.postgres.session`) whose operations have the
-names, signatures and results of :class:`~fermix.storage.Reads` and
-:class:`~fermix.storage.Writes`, for the table families this slice covers: conversations,
-messages (and their search) and bearer tokens. Nothing imports this package unless a
-PostgreSQL database is asked for, so a SQLite install never needs psycopg.
+:class:`~fermix.storage.postgres.database.PgDatabase` offers the
+:class:`~fermix.storage.port.Storage` port with sessions
+(:mod:`fermix.storage.postgres.session`) that satisfy the port's Protocols; the SQL both
+adapters share is in the driver-free modules of :mod:`fermix.storage`. Nothing imports
+this package unless a PostgreSQL database is asked for, so a SQLite install never needs
+psycopg.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ _RECORDS = (
 def migrations() -> tuple[Migration, ...]:
     """Every PostgreSQL migration shipped with this fermix, in order."""
     text = resources.files("fermix.storage.postgres").joinpath("schema.sql").read_text("utf-8")
-    return parse(text, "pg/schema.sql")
+    return parse(text, "postgres/schema.sql")
 
 
 def current_version(conn: Conn) -> int:

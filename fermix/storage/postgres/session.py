@@ -36,14 +36,14 @@ class PgReads(SharedReads):
     relevant_rows = SqlOp(_relevance.relevant)
     memory_version = Op(_memories.change_counter)
 
-    # health, for fermix doctor (pg/health.py)
+    # health, for fermix doctor (postgres/health.py)
     schema_version = Op(_migrations.current_version)
     integrity_check_name = Op(_health.integrity_check_name)
     pending_migrations = Op(_migrations.pending_count)
     integrity_problems = Op(_health.integrity_problems)
     fts_problem = Op(_health.fts_problem)
 
-    # vectors for recall (pg/vectors.py)
+    # vectors for recall (postgres/vectors.py)
     embedding_model = Op(_vectors.model)
     messages_to_embed = SqlOp(_vectors.messages_to_embed)  # with their look back
     memories_to_embed = SqlOp(_vectors.memories_to_embed)
@@ -69,10 +69,10 @@ class PgWrites(PgReads, SharedWrites):
     # messages: the insert (the rest of the conversation's writes are shared)
     insert_message = Op(_messages.insert)
 
-    # health (pg/health.py)
+    # health (postgres/health.py)
     rebuild_fts = Op(_health.rebuild_fts)
 
-    # vectors for recall (pg/vectors.py)
+    # vectors for recall (postgres/vectors.py)
     record_embedding_model = Op(_vectors.record_model)
     store_message_vectors = Op(_vectors.store_message_vectors)
     store_memory_vectors = Op(_vectors.store_memory_vectors)

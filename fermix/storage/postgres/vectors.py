@@ -3,7 +3,7 @@
 can be had.
 
 The int8 ``bytea`` vectors, the token counts and the recorded model are SQLite's (migration 4
-of ``pg/schema.sql``), so :func:`scope_vectors` reads the same rows and the fusion in Python
+of ``postgres/schema.sql``), so :func:`scope_vectors` reads the same rows and the fusion in Python
 gives the same results with or without pgvector. What SQLite's single writer hid is explicit:
 
 - **Ids commit out of order across conversations** (a message's id is drawn under its
