@@ -265,6 +265,15 @@ class GroupCommit:
             raise
         self.batches += 1
 
+    def _hand_out(self, batch: list[Unit], outcomes: list[tuple[bool, Any]]) -> None:
+        """After the commit, give each unit of ``batch`` its outcome: its result, or its own
+        error (a driver's typed as :class:`WriteFailedError`)."""
+        for unit, (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                unit.succeed(value)
+            else:
+                unit.fail(value, self.driver_error)
+
     def _retrying(self) -> tenacity.Retrying:
         """The retries after a first failed attempt: ``attempts - 1`` more, jittered."""
         return retrying(self._retry, attempts=self._retry.attempts - 1, transient=self.transient)

@@ -205,11 +205,7 @@ class PgCommitter(GroupCommit):
         except BaseException:
             self._rollback()
             raise
-        for unit, (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                unit.succeed(value)
-            else:
-                unit.fail(value, psycopg.Error)
+        self._hand_out(batch, outcomes)
 
     def _savepointed(self, conn: Conn, work: Work, *, first: bool) -> tuple[bool, Any] | None:
         """Run ``work`` in a savepoint: its outcome, or None when it would have waited for

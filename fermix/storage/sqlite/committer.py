@@ -193,11 +193,7 @@ class Committer(GroupCommit):
         except BaseException:
             self._rollback()
             raise
-        for unit, (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                unit.succeed(value)
-            else:
-                unit.fail(value, apsw.Error)
+        self._hand_out(batch, outcomes)
 
     def _savepointed(self, conn: apsw.Connection, work: Work) -> tuple[bool, Any]:
         conn.execute("SAVEPOINT unit")
