@@ -41,6 +41,7 @@ class Setup:
     db: Database
     writer: Writer
     tools: MemoryTools
+    files: PromptFiles
 
     def conversation(self, agent: str, chat: str, owner_id: str = "") -> Caller:
         return Caller(ConversationKey(agent, "cli", chat), owner_id)
@@ -67,14 +68,16 @@ def open_setup(root: Path) -> Setup:
     home = Home(root)
     home.root.mkdir(parents=True, exist_ok=True)
     db = Database(home.db_path)
-    writer = Writer(db, PromptFiles(home, db))
-    return Setup(db, writer, MemoryTools(db, writer))
+    files = PromptFiles(home, db)
+    writer = Writer(db, files)
+    return Setup(db, writer, MemoryTools(db, writer), files)
 
 
 @pytest.fixture
 def setup(tmp_path: Path) -> Iterator[Setup]:
     opened = open_setup(tmp_path / "home")
     yield opened
+    opened.files.settle()  # a queued rebuild reads the store on its own thread
     opened.db.close()
 
 
@@ -471,4 +474,5 @@ def test_sc3_recall_never_returns_a_row_outside_the_callers_scopes(
             assert (row.scope_type, row.scope_id) == ("conversation", conv.key.scope_id)
         if row.scope_type == "owner":
             assert row.scope_id == categories.owner_scope_id(owner)
+    setup.files.settle()
     setup.db.close()
