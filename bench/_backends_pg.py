@@ -46,7 +46,7 @@ from rich.console import Console
 
 from fermix.storage.postgres import stems
 from fermix.storage.postgres.database import PgDatabase
-from fermix.storage.sqlite.messages import conversation_token, owner_token
+from fermix.storage.messages import conversation_token, owner_token
 
 REPO = Path(__file__).resolve().parents[1]
 PG_SERVER = REPO / "tests" / "pg_server.py"
