@@ -44,9 +44,9 @@ import psycopg
 from _recall_scale import cache_root
 from rich.console import Console
 
+from fermix.storage.messages import conversation_token, owner_token
 from fermix.storage.postgres import stems
 from fermix.storage.postgres.database import PgDatabase
-from fermix.storage.messages import conversation_token, owner_token
 
 REPO = Path(__file__).resolve().parents[1]
 PG_SERVER = REPO / "tests" / "pg_server.py"

@@ -113,7 +113,7 @@ def schema_path() -> Path:
     spec = importlib.util.find_spec("fermix")
     if spec is None or spec.origin is None:
         raise SystemExit("fermix is not installed in this interpreter")
-    return Path(spec.origin).parent / "schema.sql"
+    return Path(spec.origin).parent / "storage" / "sqlite" / "schema.sql"
 
 
 def by_hand(script: Path, home: Path) -> list[str]:

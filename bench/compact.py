@@ -74,7 +74,7 @@ from fermix.model import ConversationKey, Message, NewMessage
 from fermix.runtime.compacting import Compacting
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
-from fermix.storage import Reads
+from fermix.storage.sessions import SharedReads
 from fermix.storage.sqlite.database import Database
 from fermix.token_counts import count_tokens
 
@@ -197,7 +197,7 @@ def run(rounds: int, warmup: int, tokens: int) -> dict[str, Any]:
             stack.enter_context(watch.wrapping(llm, "complete", "model"))
             # the read session's operation is a descriptor over the storage function:
             # time that function where the session calls it
-            stack.enter_context(watch.wrapping(vars(Reads)["window"], "_fn", "window_read"))
+            stack.enter_context(watch.wrapping(vars(SharedReads)["window"], "_fn", "window_read"))
             for name in ("plan", "transcript", "fit_summary"):
                 stack.enter_context(watch.wrapping(compaction, name, name))
             stack.enter_context(watch.wrapping(writer, "write", "transaction"))

@@ -15,31 +15,33 @@ order and closes the store.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fermix import llm
-from fermix.actors.compactor import Compactor
-from fermix.actors.conversation import Appended, ConversationStore, Reload, WindowSource
-from fermix.actors.reviewer import Reviewer
+from fermix.actors.conversation import Appended, Reload, WindowSource
 from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.errors import ActorUnavailableError, SupervisorEscalationError
 from fermix.home import Home, make_private_dir
 from fermix.model import ConversationKey, Message
-from fermix.runtime.compacting import Compacting
-from fermix.runtime.indexing import Indexer
-from fermix.runtime.pool import Pool, PooledCompactions, PooledReviews
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
-from fermix.runtime.reviewing import Reviewing
 from fermix.runtime.timer import Timer
 from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage, open_storage
 from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
+
+if TYPE_CHECKING:
+    from fermix.runtime.compacting import Compacting
+    from fermix.runtime.indexing import Indexer
+    from fermix.runtime.pool import Pool
+    from fermix.runtime.reviewing import Reviewing
 
 log = logging.getLogger(__name__)
 
@@ -76,27 +78,73 @@ class Services:
         self.storage = storage
         self.files = PromptFiles(home, storage)
         self.writer = Writer(storage, self.files, deliver=self._deliver)
-        self.reviewing = Reviewing(config, storage, self.writer, clock=clock, route=route)
-        self.compacting = Compacting(
-            config,
-            storage,
-            self.writer,
-            clock=clock,
-            route=route,
-            on_compacted=self._reload_window,
-        )
         self.failure: SupervisorEscalationError | None = None
         """Why the tree gave up, if it did."""
         self._lock = threading.Lock()
         self._started = False
         self._stopped = False
-        review_workers = config.memory.review_workers if reviewers is None else reviewers
-        compaction_workers = config.compaction.workers if compactors is None else compactors
-        self.reviewers = Pool("reviewer", review_workers, self._current_tree)
-        self.compactors = Pool("compactor", compaction_workers, self._current_tree)
+        self._clock = clock
+        self._route = route
+        self._monotonic = monotonic
+        self._conversation_cap = conversation_cap
+        self._idle_s = idle_s
+        self._windows = windows
+        self._review_workers = config.memory.review_workers if reviewers is None else reviewers
+        self._compaction_workers = config.compaction.workers if compactors is None else compactors
+        self._indexer: Indexer | None = None
+        self._indexer_made = False
+
+    # The use cases and the actor side are wired on first use: a CLI command that lists
+    # rows imports none of the review, compaction, actor or embedding code (bench/cli_start.py).
+
+    @functools.cached_property
+    def reviewing(self) -> Reviewing:
+        """The review use case (E1-E10), over the writer."""
+        from fermix.runtime.reviewing import Reviewing
+
+        return Reviewing(
+            self.config, self.storage, self.writer, clock=self._clock, route=self._route
+        )
+
+    @functools.cached_property
+    def compacting(self) -> Compacting:
+        """The compaction use case (K1-K5), over the writer."""
+        from fermix.runtime.compacting import Compacting
+
+        return Compacting(
+            self.config,
+            self.storage,
+            self.writer,
+            clock=self._clock,
+            route=self._route,
+            on_compacted=self._reload_window,
+        )
+
+    @functools.cached_property
+    def reviewers(self) -> Pool:
+        """The pool of Reviewer actors (M3)."""
+        from fermix.runtime.pool import Pool
+
+        return Pool("reviewer", self._review_workers, self._current_tree)
+
+    @functools.cached_property
+    def compactors(self) -> Pool:
+        """The pool of Compactor actors (M3)."""
+        from fermix.runtime.pool import Pool
+
+        return Pool("compactor", self._compaction_workers, self._current_tree)
+
+    @functools.cached_property
+    def tree(self) -> Supervisor:
+        """The supervision tree: the Reviewers, the Compactors and the supervisor of the
+        conversation actors (A1-A6)."""
+        from fermix.actors.compactor import Compactor
+        from fermix.actors.reviewer import Reviewer
+        from fermix.runtime.pool import PooledCompactions, PooledReviews
+
         reviewing, compacting = self.reviewing, self.compacting
         reviewers_pool, compactors_pool = self.reviewers, self.compactors
-        self.tree = Supervisor(
+        return Supervisor(
             [
                 *reviewers_pool.specs(
                     lambda n: Reviewer.start(PooledReviews(reviewing, reviewers_pool, n))
@@ -115,23 +163,31 @@ class Services:
             name="fermix",
             on_escalate=self._escalated,
         )
-        source = windows(storage)
-        max_history = config.memory.max_conversation_history
-        self.registry = ConversationRegistry(
+
+    @functools.cached_property
+    def registry(self) -> ConversationRegistry:
+        """The live conversation actors, started on demand and passivated when idle (A7)."""
+        from fermix.actors.conversation import ConversationStore
+
+        source = self._windows(self.storage)
+        max_history = self.config.memory.max_conversation_history
+        return ConversationRegistry(
             self._conversations,
             lambda key: conversation_spec(
                 key,
                 lambda: ConversationStore.start(key, source=source, max_history=max_history),
             ),
-            cap=conversation_cap,
-            idle_s=idle_s,
-            monotonic=monotonic,
+            cap=self._conversation_cap,
+            idle_s=self._idle_s,
+            monotonic=self._monotonic,
         )
-        self.timer = Timer()
+
+    @functools.cached_property
+    def timer(self) -> Timer:
         """The thread of the periodic work: passivation (A7) and the runtime's sweep (M7)."""
-        self.timer.every("passivation", max(idle_s / 2, 0.05), self._passivate)
-        self._indexer: Indexer | None = None
-        self._indexer_made = False
+        timer = Timer()
+        timer.every("passivation", max(self._idle_s / 2, 0.05), self._passivate)
+        return timer
 
     @property
     def indexer(self) -> Indexer | None:
@@ -139,6 +195,8 @@ class Services:
         is off; made on first use (by :meth:`start`, or a command that embeds), so that a
         command that needs none never checks its config."""
         if not self._indexer_made:
+            from fermix.runtime.indexing import Indexer
+
             self._indexer = Indexer.from_config(self.storage, self.writer, self.config.embedding)
             self._indexer_made = True
         return self._indexer
@@ -201,8 +259,10 @@ class Services:
         return child
 
     def _deliver(self, stored: Message) -> None:
-        # Called by the writer after the commit, still in the conversation's order.
-        self.registry.tell_if_live(stored.key, Appended(stored))
+        # Called by the writer after the commit, still in the conversation's order; before
+        # the tree starts no actor holds a window to tell.
+        if self._started:
+            self.registry.tell_if_live(stored.key, Appended(stored))
         if self._indexer is not None:
             self._indexer.wake()  # embeds behind the append, never on its path (Q2)
 

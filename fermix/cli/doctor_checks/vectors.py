@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from fermix.cli.doctor_checks.outcome import Check
 from fermix.config import Config
-from fermix.embedding import WORDLLAMA, WordLlamaEmbedder
 from fermix.storage import Reads
 
 NAME = "vectors"
@@ -14,6 +13,8 @@ NAME = "vectors"
 def configured_model(config: Config) -> str:
     """The name the configured embedding model records beside its vectors."""
     model = config.embedding.model
+    from fermix.embedding import WORDLLAMA, WordLlamaEmbedder  # numpy: only when a check runs
+
     return WordLlamaEmbedder.name if model == WORDLLAMA else f"litellm/{model}"
 
 
