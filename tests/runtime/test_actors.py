@@ -136,6 +136,7 @@ def start_runtime(home: Path) -> Iterator[Callable[..., Runtime]]:
 def test_a7_live_actors_stay_under_the_cap_and_come_back_from_sqlite(
     start_memory: StartMemory,
 ) -> None:
+    before = set(threading.enumerate())  # threads earlier tests may still be ending
     memory = start_memory(conversation_cap=5)
     registry = memory._runtime.services.registry
     for i in range(30):
@@ -148,8 +149,10 @@ def test_a7_live_actors_stay_under_the_cap_and_come_back_from_sqlite(
     again.append_user("back")
     assert [m.content for m in again.history()] == ["hello 0", "back"]
     # the prompt-file thread lives only while first renders of new owners are queued
-    steady = [t for t in threading.enumerate() if t.name != "fermix-prompt-files"]
-    assert len(steady) < 5 + 10
+    steady = [
+        t for t in threading.enumerate() if t not in before and t.name != "fermix-prompt-files"
+    ]
+    assert len(steady) < 5 + 10, sorted(t.name for t in steady)
 
 
 def test_a7_actors_idle_for_idle_s_are_passivated_and_come_back_from_sqlite(
