@@ -597,6 +597,59 @@ FIGURES: dict[str, Benchmark] = {
         " questions, not 1,000,000 with 300 (the target is set on 1,000,000); 3 reviews and"
         " compactions instead of 10",
     ),
+    "forget": Benchmark(
+        "forgetting an owner (10,000 messages, 500 rows) in a home of 1,000,000 messages, and"
+        " exporting one of 100,000: SQLite, then PostgreSQL",
+        (
+            Figure("forget, wall time (s)", "forget_s"),
+            Figure(
+                "another owner's append p99 during the forget (ms)",
+                "other_append_p99_ms",
+                "idle_append_p99_ms",
+                "the same appends, idle",
+                target=Target("<", 50, source="issue 22"),
+            ),
+            Figure(
+                "idle append p99 (ms)",
+                "idle_append_p99_ms",
+                target=Target("<", 50, source="issue 22"),
+            ),
+            Figure(
+                "no marker left in any file of the home",
+                "bytes_clean",
+                target=Target("==", True, source="issue 22"),
+            ),
+            Figure("export of 100,000 messages (s)", "export_s"),
+            Figure(
+                "export, peak RSS (MB)",
+                "export_peak_rss_mb",
+                "idle_peak_rss_mb",
+                "exporting one message",
+            ),
+            Figure("PostgreSQL: forget, wall time (s)", "pg_forget_s"),
+            Figure(
+                "PostgreSQL: another owner's append p99 during the forget (ms)",
+                "pg_other_append_p99_ms",
+                "pg_idle_append_p99_ms",
+                "the same appends, idle",
+                target=Target("<", 50, source="issue 22"),
+            ),
+            Figure(
+                "PostgreSQL: no live or dead tuple holds a marker",
+                "pg_bytes_clean",
+                target=Target("==", True, source="issue 22"),
+            ),
+            Figure("PostgreSQL: export of 100,000 messages (s)", "pg_export_s"),
+            Figure(
+                "PostgreSQL: export, peak RSS (MB)",
+                "pg_export_peak_rss_mb",
+                "pg_idle_peak_rss_mb",
+                "exporting one message",
+            ),
+        ),
+        "100,000 messages in the home, an owner of 1,000 messages and 50 rows forgotten, one of"
+        " 10,000 exported (the targets are set on the full size)",
+    ),
     "doctor": Benchmark(
         "`fermix doctor` on a large home (no same-work baseline: its per-check times are in"
         " the JSON)",

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self
 
 from fermix import llm, validate
 from fermix.clock import now_ms
@@ -38,6 +38,8 @@ from fermix.home import Home
 from fermix.model import (
     AppendResult,
     ConversationKey,
+    Erasure,
+    ForgetReport,
     JobCaller,
     JobRun,
     MemoryRow,
@@ -328,6 +330,82 @@ class Memory:
         if written.error is not None:
             raise WriteFailedError(written.error)
         return written.rows[0]
+
+    # -- forgetting (F1-F5, F8) -----------------------------------------------------------
+
+    def forget_owner(self, owner_id: str, *, agent_id: str | None = None) -> ForgetReport:
+        """Erase everything of ``owner_id``, for ``agent_id`` or every agent (F1).
+
+        Every message the owner wrote, everywhere (in a group chat the others' messages
+        stay); the conversations the owner owns in which nobody else wrote, whole; the
+        owner's memory rows of every scope, archived too, and every row drawn from the
+        owner's messages; their vectors and index entries; the owner's prompt files and
+        every revision of them; the owner's jobs and runs. Returns the report (counts by
+        kind; ``done``, or ``pending`` while a reader of another process holds an old copy
+        on disk, finished later). The audit record keeps no content and the owner id only
+        as a keyed hash (:meth:`erasures`).
+
+        An owner with nothing stored is a :class:`~fermix.errors.NotFoundError`; an empty
+        id, or one like a pattern that names nobody, an
+        :class:`~fermix.errors.InvalidInputError` (F8); either changes nothing.
+        """
+        self._runtime.check_running()
+        return self._runtime.forget_owner(owner_id, agent_id=agent_id)
+
+    def forget_message(self, message_id: int) -> ForgetReport:
+        """Erase message ``message_id``, the rows drawn from it and a checkpoint that
+        summarised it (F2)."""
+        self._runtime.check_running()
+        return self._runtime.forget_message(message_id)
+
+    def forget_memory(self, memory_id: int) -> ForgetReport:
+        """Erase memory row ``memory_id``, archived or not: a real delete (F2). The prompt
+        files that showed it are rendered again, and no kept revision still holds it."""
+        self._runtime.check_running()
+        return self._runtime.forget_memory(memory_id)
+
+    def export_owner(
+        self,
+        owner_id: str,
+        file: str | os.PathLike[str] | IO[bytes],
+        *,
+        agent_id: str | None = None,
+    ) -> int:
+        """Write everything fermix keeps of ``owner_id`` (for ``agent_id``, or every agent)
+        to ``file`` as one JSON document of a versioned schema (F6; ``docs/forgetting.md``):
+        their conversations, the messages they wrote, their memory rows (archived too, with
+        provenance), their current prompt files, their jobs and runs. ``file`` is a path
+        (created readable by its owner only) or a binary file open for writing; it is
+        written as it is read, in bounded memory. Returns the bytes written. An owner with
+        nothing stored is a :class:`~fermix.errors.NotFoundError`, and nothing is written.
+        """
+        self._runtime.check_running()
+        return self._runtime.export_owner(owner_id, file, agent_id=agent_id)
+
+    def export_chunks(self, owner_id: str, *, agent_id: str | None = None) -> Iterator[bytes]:
+        """:meth:`export_owner`'s document as UTF-8 pieces, for a stream (the memory
+        server's); the owner is checked before the first piece."""
+        self._runtime.check_running()
+        return self._runtime.export_chunks(owner_id, agent_id=agent_id)
+
+    def get_message(self, message_id: int) -> Message | None:
+        """The stored message ``message_id``, or None."""
+        self._runtime.check_running()
+        validate.positive_int("message_id", message_id, maximum=2**63 - 1)
+        with self._runtime.read() as reads:
+            return reads.message(message_id)
+
+    def retain(self) -> dict[str, int]:
+        """Apply ``[fermix_core.retention]`` now, as the host's timer does every few minutes
+        (F7): what was dropped, by kind (``messages``, ``archived_rows``, ``revisions``)."""
+        self._runtime.check_running()
+        return self._runtime.retain()
+
+    def erasures(self, *, limit: int = 100) -> list[Erasure]:
+        """The erasure records, newest first: what was erased, when, at whose request,
+        without content (F1)."""
+        self._runtime.check_running()
+        return self._runtime.erasures(limit=limit)
 
     def get_run(self, run_id: int) -> JobRun | None:
         """The job run ``run_id``, or None."""

@@ -22,12 +22,14 @@ from fermix.config_rules import (
     BOOL,
     BYTES,
     COUNT,
+    DAYS,
     EFFORT,
     ENV_VAR,
     FRACTION,
     HISTORY,
     HOURS,
     INTERVAL,
+    KEEP,
     MILLISECONDS,
     PORT,
     SECONDS,
@@ -222,6 +224,29 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """``[fermix_core.retention]``: how long what is stored is kept (F7); 0 keeps it all."""
+
+    messages_days: int = _key(
+        0, DAYS, "Days a message is kept, then dropped by the sweep; 0 keeps every one (F7)."
+    )
+    archived_days: int = _key(
+        0, DAYS, "Days an archived memory row is kept after archiving; 0 keeps them (F7)."
+    )
+    revisions_keep: int = _key(
+        0, KEEP, "Revisions kept per prompt file, the newest; 0 keeps every one (F7)."
+    )
+    drop_unreviewed: bool = _key(
+        False, BOOL, "Drop old messages the reviewer has not read yet too (F7)."
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether anything is ever dropped."""
+        return bool(self.messages_days or self.archived_days or self.revisions_keep)
+
+
+@dataclass(frozen=True)
 class Config:
     """Every section of ``config.toml``; ``Config()`` is all defaults."""
 
@@ -234,6 +259,7 @@ class Config:
     replica: ReplicaConfig = field(default_factory=ReplicaConfig)
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def trust_of(self, owner_id: str) -> str:
         """The trust of ``owner_id`` when none is given: ``operator`` only for an owner
@@ -251,6 +277,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "replica": ReplicaConfig,
     "embedding": EmbeddingConfig,
     "storage": StorageConfig,
+    "retention": RetentionConfig,
 }
 """Each ``[fermix_core.<name>]`` table and the dataclass it loads into (a field of Config)."""
 

@@ -74,6 +74,10 @@ PORT = Rule(
 BYTES = Rule("an integer from 1024 to 1073741824", lambda v: is_int(v) and 1024 <= v <= 2**30)
 
 
+DAYS = Rule(
+    "an integer from 0 to 36500 (0: keep everything)", lambda v: is_int(v) and 0 <= v <= 36500
+)
+KEEP = Rule("an integer >= 0 (0: keep every one)", lambda v: is_int(v) and v >= 0)
 BATCH = Rule("an integer from 1 to 1024", lambda v: is_int(v) and 1 <= v <= 1024)
 
 

@@ -16,6 +16,7 @@ from fermix.model import (
     AppendResult,
     ConversationKey,
     ConversationState,
+    ForgetReport,
     Message,
     NewMessage,
     PendingAppend,
@@ -248,6 +249,12 @@ class Conversation:
     def state(self) -> ConversationState | None:
         """The conversation's stored state: owner, trust, window, gates."""
         return self._runtime.state(self.key)
+
+    def forget(self) -> ForgetReport:
+        """Erase this conversation: every message of it (whoever wrote it), the rows drawn
+        from them, its own rows and its state (F2). The handle can be used again: the next
+        append starts the conversation anew."""
+        return self._runtime.forget_conversation(self.key)
 
     def reload(self) -> None:
         """Re-read the window from SQLite (after a compaction or ``/new`` by another actor)."""

@@ -103,6 +103,11 @@ class Home:
         """``config.toml``."""
         return self.root / "config.toml"
 
+    @property
+    def memory_dir(self) -> Path:
+        """``memory/``: a folder of prompt files per agent."""
+        return self.root / "memory"
+
     def agent_dir(self, agent_id: str) -> Path:
         """``memory/<agent_id>/`` for USER.md and MEMORY.md; an unsafe id is refused (C5)."""
-        return self.root / "memory" / validate.path_segment("agent_id", agent_id)
+        return self.memory_dir / validate.path_segment("agent_id", agent_id)

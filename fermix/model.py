@@ -396,6 +396,80 @@ class Revision:
         }
 
 
+ERASURE_TARGETS: Final = ("owner", "conversation", "message", "memory")
+"""What an erasure erases (F1, F2): an owner's data, a conversation, a message, a row."""
+
+ERASURE_STATES: Final = ("running", "pending", "done")
+"""An erasure's progress (F3): rows left; rows gone but a copy on disk left; done."""
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """One erasure, from its start, and its audit record afterwards (F1, F5).
+
+    ``subject`` (the owner id, the conversation's key, the row's id) is kept only while the
+    erasure's rows are left; the record then keeps only ``subject_key``, a keyed hash of
+    it. ``counts`` is what was erased so far, by kind; no content is ever recorded.
+    """
+
+    id: int
+    target: str
+    agent_id: str | None
+    subject: str | None
+    subject_key: str
+    requested_by: str
+    state: str
+    counts: Mapping[str, int]
+    started_at: int
+    finished_at: int | None
+
+    @property
+    def done(self) -> bool:
+        """Whether nothing of it is left, in the rows or on disk (F3)."""
+        return self.state == "done"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The audit record as JSON-ready data: without the subject, as it is kept."""
+        return {
+            "id": self.id,
+            "target": self.target,
+            "agent_id": self.agent_id,
+            "subject_key": self.subject_key,
+            "requested_by": self.requested_by,
+            "state": self.state,
+            "counts": dict(self.counts),
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetReport:
+    """What a forget did (F1-F3): the erasure's record, its counts by kind, and whether it
+    is ``done`` or ``pending`` (what is left on disk, then, in ``left``)."""
+
+    erasure_id: int
+    target: str
+    state: str
+    counts: Mapping[str, int]
+    left: str = ""
+
+    @property
+    def done(self) -> bool:
+        """Whether no copy of what was forgotten is left, in the rows or on disk (F3)."""
+        return self.state == "done"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data."""
+        return {
+            "erasure_id": self.erasure_id,
+            "target": self.target,
+            "state": self.state,
+            "counts": dict(self.counts),
+            "left": self.left,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class JobCaller:
     """A scheduled job's run calling the memory tools (SC1, T2).

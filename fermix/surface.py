@@ -24,15 +24,18 @@ What is not here is what only one side has, for a reason:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
 from fermix.model import (
     ConversationKey,
     ConversationState,
+    Erasure,
+    ForgetReport,
     JobCaller,
     JobRun,
     MemoryRow,
@@ -130,6 +133,10 @@ class ConversationSurface(Protocol):
 
     def state(self) -> ConversationState | None:
         """The stored state, or None when nothing is stored yet."""
+        ...
+
+    def forget(self) -> ForgetReport:
+        """Erase this conversation: its messages, the rows drawn from them, its state."""
         ...
 
     def reload(self) -> None:
@@ -274,6 +281,34 @@ class MemorySurface(Protocol[C]):
 
     def restore_row(self, memory_id: int) -> MemoryRow:
         """Un-archive row ``memory_id`` and rebuild its prompt files."""
+        ...
+
+    # -- forgetting and export (F1, F2, F6) ---------------------------------------------
+
+    def forget_owner(self, owner_id: str, *, agent_id: str | None = None) -> ForgetReport:
+        """Erase everything of ``owner_id`` (remote: of ``agent_id``, needed)."""
+        ...
+
+    def forget_message(self, message_id: int) -> ForgetReport:
+        """Erase one message and what was drawn from it."""
+        ...
+
+    def forget_memory(self, memory_id: int) -> ForgetReport:
+        """Erase one memory row, archived or not."""
+        ...
+
+    def export_owner(
+        self,
+        owner_id: str,
+        file: str | os.PathLike[str] | IO[bytes],
+        *,
+        agent_id: str | None = None,
+    ) -> int:
+        """Write everything kept of ``owner_id`` to ``file`` as one JSON document."""
+        ...
+
+    def erasures(self, *, limit: int = 100) -> list[Erasure]:
+        """The erasure records, newest first (remote: of the token's agents)."""
         ...
 
     # -- prompt-file resources and revisions (P2) --------------------------------------

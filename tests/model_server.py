@@ -40,6 +40,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -61,6 +62,8 @@ class Step:
     for_model: str | None = None
     prompt_tokens: int | None = None
     finish_reason: str | None = None
+    before: Callable[[], None] | None = None
+    """Run on the server's thread before it answers (what happens while the model thinks)."""
 
     def matches(self, model: object) -> bool:
         """Whether this step may answer a request for ``model``."""
@@ -304,6 +307,8 @@ class _Handler(BaseHTTPRequestHandler):
             message = f"scripted failure {step.status}"
             self._send(step.status, step.error_body or _error(step.status, message))
         else:
+            if step.before is not None:
+                step.before()
             self._send(200, _completion(step, body))
 
     def _embeddings(self, raw: bytes) -> None:

@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         job,
         mcp_cmd,
         memory,
+        owner,
         resource,
         restore,
         server,
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=command_parser)
     chat.register(sub)
     memory.register(sub)
+    owner.register(sub)
     job.register(sub)
     mcp_cmd.register(sub)
     resource.register(sub)

@@ -13,13 +13,24 @@ methods let the operator leave out.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 from urllib.parse import quote
 
 from fermix import wire
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import JobCaller, JobRun, MemoryRow, Message, Resource, Revision, ScheduledJob
+from fermix.model import (
+    Erasure,
+    ForgetReport,
+    JobCaller,
+    JobRun,
+    MemoryRow,
+    Message,
+    Resource,
+    Revision,
+    ScheduledJob,
+)
 
 __all__ = ["AdminCalls"]
 
@@ -38,6 +49,10 @@ class _Requests(Protocol):
         json: Any = None,
         params: Mapping[str, Any] | None = None,
     ) -> Any: ...
+
+    def download(
+        self, path: str, into: IO[bytes], *, params: Mapping[str, Any] | None = None
+    ) -> int: ...
 
 
 def _seg(value: str) -> str:
@@ -140,6 +155,50 @@ class AdminCalls:
         """Un-archive row ``memory_id`` and rebuild its prompt files (operator token)."""
         data = self._http.request("POST", f"/v1/memories/{memory_id}/restore")
         return wire.row_from_json(data)
+
+    # -- forgetting and export (F1, F2, F6): operator token ----------------------------
+
+    def forget_owner(self, owner_id: str, *, agent_id: str | None = None) -> ForgetReport:
+        """Erase everything of ``owner_id`` for ``agent_id`` (needed here; operator token)."""
+        path = f"/v1/owners/{_seg(owner_id)}"
+        data = self._http.request(
+            "DELETE", path, params={"agent_id": _agent(agent_id, "forget_owner")}
+        )
+        return wire.from_json(ForgetReport, data)
+
+    def forget_message(self, message_id: int) -> ForgetReport:
+        """Erase message ``message_id`` and what was drawn from it (operator token)."""
+        return wire.from_json(
+            ForgetReport, self._http.request("DELETE", f"/v1/messages/{message_id}")
+        )
+
+    def forget_memory(self, memory_id: int) -> ForgetReport:
+        """Erase memory row ``memory_id``, archived or not (operator token)."""
+        return wire.from_json(
+            ForgetReport, self._http.request("DELETE", f"/v1/memories/{memory_id}")
+        )
+
+    def export_owner(
+        self,
+        owner_id: str,
+        file: str | os.PathLike[str] | IO[bytes],
+        *,
+        agent_id: str | None = None,
+    ) -> int:
+        """Write the export of ``owner_id`` for ``agent_id`` (needed here; operator token)
+        to ``file``, as the server streams it; returns the bytes written."""
+        path = f"/v1/owners/{_seg(owner_id)}/export"
+        params = {"agent_id": _agent(agent_id, "export_owner")}
+        if isinstance(file, str | os.PathLike):
+            fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                return self._http.download(path, out, params=params)
+        return self._http.download(path, file, params=params)
+
+    def erasures(self, *, limit: int = 100) -> list[Erasure]:
+        """The erasure records of the token's agents, newest first (operator token)."""
+        data = self._http.request("GET", "/v1/erasures", params={"limit": limit})
+        return [wire.from_json(Erasure, e) for e in data["erasures"]]
 
     # -- prompt-file resources and revisions (P2) --------------------------------------
 

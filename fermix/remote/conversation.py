@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fermix import wire
 from fermix.errors import InvalidInputError, NotFoundError
-from fermix.model import ConversationKey, ConversationState, Message
+from fermix.model import ConversationKey, ConversationState, ForgetReport, Message
 
 if TYPE_CHECKING:
     from fermix.remote.transport import Transport
@@ -151,6 +151,10 @@ class RemoteConversation:
         except NotFoundError:
             return None
         return wire.state_from_json(data)
+
+    def forget(self) -> ForgetReport:
+        """Erase this conversation (operator token; F2)."""
+        return wire.from_json(ForgetReport, self._http.request("DELETE", self._path))
 
     def reload(self) -> None:
         """Make the server re-read the window from SQLite."""

@@ -27,7 +27,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import urllib3
 from urllib3.connection import HTTPConnection
@@ -52,6 +52,8 @@ POOL_SIZE: Final = 32
 RETRY_PAUSE_S: Final = 0.1
 """The first pause between tries; it doubles each time (0.1, 0.2, 0.4 s...)."""
 MAX_PAUSE_S: Final = 2.0
+DOWNLOAD_PIECE: Final = 64 * 1024
+"""The bytes a streamed answer is copied by."""
 
 _ERRORS: Final[dict[int, type[FermixError]]] = {
     401: AccessDeniedError,
@@ -214,6 +216,41 @@ class Transport:
             if answer.status >= 400:
                 raise error_of(answer)
             return answer
+
+    def download(
+        self, path: str, into: IO[bytes], *, params: Mapping[str, Any] | None = None
+    ) -> int:
+        """GET ``path`` and copy its body into ``into`` as it arrives (a streamed export);
+        answer the bytes copied. Raises the fermix error of a 4xx or 5xx, before writing."""
+        url = (path if path.startswith(API_PREFIX + "/") else API_PREFIX + path) + _query(params)
+        try:
+            response = self._pool.urlopen(
+                "GET",
+                url,
+                headers=self._headers,
+                retries=False,
+                redirect=False,
+                preload_content=False,
+            )
+        except NewConnectionError as exc:
+            raise ActorUnavailableError(
+                f"the memory server at {self.url} is not reachable: {exc}"
+            ) from exc
+        except HTTPError as exc:
+            raise ActorUnavailableError(f"GET {path} failed: {exc}") from exc
+        try:
+            if response.status >= 400:
+                headers = {k.lower(): v for k, v in response.headers.items()}
+                raise error_of(Answer(response.status, headers, _decode(response.read())))
+            copied = 0
+            for piece in response.stream(DOWNLOAD_PIECE):
+                into.write(piece)
+                copied += len(piece)
+            return copied
+        except (ProtocolError, ReadTimeoutError) as exc:
+            raise ActorUnavailableError(f"GET {path}: the answer broke off: {exc}") from exc
+        finally:
+            response.release_conn()
 
     @staticmethod
     def _pause(attempt: int) -> int:

@@ -130,6 +130,8 @@ class Compacting:
             return _skipped(key, skip)
         assert state is not None
         with self._db.read() as reads:
+            # An erasure after this point (F4) drops the summary: it may hold what was erased.
+            erasures_seen = reads.latest_erasure_id()
             window = reads.window(key)
         route = self.route()
         plan = compaction.plan(window, context_window=window_size, model=route.primary)
@@ -192,6 +194,8 @@ class Compacting:
                 state.checkpoint_message_id,
             ):
                 return None
+            if w.erasures_since(erasures_seen, key.agent_id):
+                return None
             stored = w.insert_message(checkpoint)
             w.update_conversation(
                 key,
@@ -204,7 +208,11 @@ class Compacting:
 
         stored = self._writer.write(write, label=f"compaction of {key.scope_id}")
         if stored is None:
-            log.info("compaction of %s/%s dropped: the window moved", key.agent_id, key.scope_id)
+            log.info(
+                "compaction of %s/%s dropped: the window moved, or an erasure ran",
+                key.agent_id,
+                key.scope_id,
+            )
             return _skipped(key, "moved")
         self._on_compacted(key)
         after = compaction.message_tokens(stored, route.primary) + plan.kept_tokens

@@ -39,8 +39,10 @@ from fermix.supervisor import ChildSpec, Intensity, Restart, Supervisor
 
 if TYPE_CHECKING:
     from fermix.runtime.compacting import Compacting
+    from fermix.runtime.forgetting import Forgetting
     from fermix.runtime.indexing import Indexer
     from fermix.runtime.pool import Pool
+    from fermix.runtime.retention import Retention
     from fermix.runtime.reviewing import Reviewing
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,20 @@ class Services:
             route=self._route,
             on_compacted=self._reload_window,
         )
+
+    @functools.cached_property
+    def forgetting(self) -> Forgetting:
+        """The erasures (F1-F5), over the writer; they drop this process's hot copies."""
+        from fermix.runtime.forgetting import Forgetting
+
+        return Forgetting(self.storage, self.writer, self.files, drop_hot=self._drop_hot)
+
+    @functools.cached_property
+    def retention(self) -> Retention:
+        """The retention sweep ``[fermix_core.retention]`` asks for (F7)."""
+        from fermix.runtime.retention import Retention
+
+        return Retention(self.storage, self.writer, self.config.retention, clock=self._clock)
 
     @functools.cached_property
     def reviewers(self) -> Pool:
@@ -274,6 +290,11 @@ class Services:
             self.registry.tell(key, Reload())
         except ActorUnavailableError:
             log.warning("could not reload the window of %s after a compaction", key)
+
+    def _drop_hot(self, agent_id: str | None) -> None:
+        # After an erasure: no conversation actor of the agent keeps a window in memory.
+        if self._started:
+            self.registry.passivate_agent(agent_id)
 
     def _passivate(self) -> bool:
         """The timer's passivation of idle conversation actors (A7)."""

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import pykka
 
@@ -47,12 +48,14 @@ from fermix.model import (
     AppendResult,
     ConversationKey,
     ConversationState,
+    Erasure,
+    ForgetReport,
     MemoryRow,
     Message,
     NewMessage,
     PendingAppend,
 )
-from fermix.runtime import recall
+from fermix.runtime import exporting, recall
 from fermix.runtime.access import Tokens
 from fermix.runtime.composition import Services, build
 from fermix.runtime.prompt_files import FileResult
@@ -63,6 +66,12 @@ from fermix.storage import Reads, Writes
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+ERASURE_RETRY_S = 60.0
+"""How often the timer purges again for an erasure a reader held back (F3)."""
+
+RETENTION_SWEEP_S = 300.0
+"""How often the timer applies ``[fermix_core.retention]`` (F7)."""
 
 
 class Runtime:
@@ -135,6 +144,15 @@ class Runtime:
             interval = self._config.memory.sweep_interval_s
             if interval > 0:
                 services.timer.every("sweep", interval, self._sweep_from_timer)
+            services.timer.every("erasures", ERASURE_RETRY_S, self._settle_erasures)
+            if self._config.retention.enabled:
+                services.timer.every("retention", RETENTION_SWEEP_S, self._retain)
+        # An erasure a kill left halfway is finished before anything reads (F5).
+        try:
+            for report in services.forgetting.resume():
+                log.info("erasure %d finished at start: %s", report.erasure_id, report.state)
+        except FermixError as exc:
+            log.error("an unfinished erasure could not be finished at start: %s", exc)
         if services.reviewing.route.primary is None:
             log.warning("%s", llm.NO_MODEL_OFF)  # once per start, not per turn (M8)
 
@@ -335,6 +353,71 @@ class Runtime:
         """Start the window of ``key`` after its newest message (``/new``, ``/clear``)."""
         services = self._running()
         return services.compacting.clear_window(key)
+
+    # -- forgetting (F1-F5) ---------------------------------------------------------------
+
+    def forget_owner(self, owner_id: str, *, agent_id: str | None = None) -> ForgetReport:
+        """Erase everything of ``owner_id`` (:meth:`Forgetting.forget_owner`, F1)."""
+        return self._running().forgetting.forget_owner(owner_id, agent_id=agent_id)
+
+    def forget_conversation(self, key: ConversationKey) -> ForgetReport:
+        """Erase one conversation (F2)."""
+        return self._running().forgetting.forget_conversation(key)
+
+    def forget_message(self, message_id: int) -> ForgetReport:
+        """Erase one message (F2)."""
+        return self._running().forgetting.forget_message(message_id)
+
+    def forget_memory(self, memory_id: int) -> ForgetReport:
+        """Erase one memory row, archived or not (F2)."""
+        return self._running().forgetting.forget_memory(memory_id)
+
+    def erasures(self, *, limit: int = 100) -> list[Erasure]:
+        """The erasure records, newest first (the audit, F1)."""
+        with self.read() as reads:
+            return reads.erasures(limit=limit)
+
+    def export_owner(
+        self,
+        owner_id: str,
+        file: str | os.PathLike[str] | IO[bytes],
+        *,
+        agent_id: str | None = None,
+    ) -> int:
+        """Write ``owner_id``'s data as one JSON document (:mod:`~fermix.runtime.exporting`,
+        F6); returns the bytes written."""
+        return exporting.write(self._running().storage, owner_id, file, agent_id=agent_id)
+
+    def export_chunks(self, owner_id: str, *, agent_id: str | None = None) -> Iterator[bytes]:
+        """The same document as pieces, for a stream; the owner is checked first (F8)."""
+        storage = self._running().storage
+        exporting.check_owner(storage, owner_id, agent_id)
+        return exporting.chunks(storage, owner_id, agent_id=agent_id)
+
+    def retain(self) -> dict[str, int]:
+        """Apply ``[fermix_core.retention]`` now (the timer's sweep does it every
+        :data:`RETENTION_SWEEP_S`); what was dropped, by kind (F7)."""
+        return self._running().retention.sweep()
+
+    def _retain(self) -> bool:
+        """The timer's retention sweep."""
+        if not self.running:
+            return False
+        try:
+            self.retain()
+        except FermixError as exc:
+            log.error("the retention sweep failed: %s", exc)
+        return self.running
+
+    def _settle_erasures(self) -> bool:
+        """The timer's retry of the erasures a reader held back (F3)."""
+        if not self.running:
+            return False
+        try:
+            self.services.forgetting.settle()
+        except FermixError as exc:
+            log.error("pending erasures not settled: %s", exc)
+        return self.running
 
     # -- the sweep (E1, M7) --------------------------------------------------------------
 

@@ -127,6 +127,15 @@ class ConversationRegistry:
                 self._terminate(key)
         return len(idle)
 
+    def passivate_agent(self, agent_id: str | None) -> int:
+        """Stop every live actor of ``agent_id`` (None: of every agent) now, so that no window
+        held in memory outlives an erasure (F4); return how many were stopped."""
+        with self._lock:
+            keys = [k for k in self._live if agent_id is None or k.agent_id == agent_id]
+            for key in keys:
+                self._terminate(key)
+        return len(keys)
+
     def _ref(self, key: ConversationKey) -> pykka.ActorRef[Any]:
         cid = child_id(key)
         with self._lock:

@@ -224,6 +224,9 @@ class Reviewing:
         """The review of ``state`` once this process holds its claim ``token``."""
         key, cfg = state.key, self._config.memory
         with self._db.read() as reads:
+            # An erasure after this point (F4) makes the write below write nothing: what the
+            # model is shown may be what was erased.
+            erasures_seen = reads.latest_erasure_id()
             # The claim is checked again under the write lock: the cursor read here is the
             # one this review moves on from (another review finishing meanwhile lost it).
             fresh = reads.conversation(key) or state
@@ -305,7 +308,15 @@ class Reviewing:
             for s in speakers
         }
 
+        erased: list[bool] = []
+
         def apply(writes: Writes) -> list[MemoryRow]:
+            if writes.erasures_since(erasures_seen, key.agent_id):
+                # What it read may be erased: nothing of it is written, the claim goes back,
+                # and the next review reads what is left (F4).
+                erased.append(True)
+                writes.release_review(key, token=token)
+                return []
             written = apply_admitted(writes, state, admission, said, last)
             self._finish(writes, key, token, last, caught_up=caught_up)
             return written
@@ -321,6 +332,10 @@ class Reviewing:
             also=list(dict.fromkeys(also)),
             defer_shared=self._defer,
         )
+        if erased:
+            log.info("review of %s wrote nothing: an erasure ran meanwhile", key.scope_id)
+            result.status, result.messages, result.left = "nothing", 0, count
+            return result
         if not caught_up:
             log.info(
                 "review of %s: %d user message(s) left for the next review",

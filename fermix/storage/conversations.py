@@ -177,6 +177,16 @@ def list_states(sql: Sql, *, agent_id: str | None = None) -> list[ConversationSt
     return [ConversationState(*r) for r in rows]
 
 
+def owned_by(sql: Sql, owner_id: str, *, agent_id: str | None = None) -> list[ConversationState]:
+    """The conversations ``owner_id`` owns (of ``agent_id``, or every agent), in key order."""
+    only = "" if agent_id is None else " AND agent_id = ?"
+    rows = sql.rows(
+        f"SELECT {_SELECT} FROM conversations WHERE owner_id = ?{only} ORDER BY {key_order(sql)}",
+        (owner_id, *(() if agent_id is None else (agent_id,))),
+    )
+    return [ConversationState(*r) for r in rows]
+
+
 def newest_user_message_id(sql: Sql, key: ConversationKey) -> int:
     """The id of the conversation's newest user-sent message (0 when it has none)."""
     value = sql.value(

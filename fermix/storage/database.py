@@ -35,7 +35,7 @@ class GroupCommitted(Storage):
         leaves nothing of that unit; a database error is a
         :class:`~fermix.errors.WriteFailedError` after the writer's retries.
         """
-        return self._writer(label).run(_forgetting(unit), label=label)
+        return self._writer(label).run(_unknowing(unit), label=label)
 
     def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
         """:meth:`write` for a unit that changes no conversation's owner or trust but through
@@ -50,9 +50,7 @@ class GroupCommitted(Storage):
 
         One caller, many independent writes: a server batching its concurrent requests.
         """
-        return self._writer("writes").run_many(
-            [(_forgetting(unit), label) for unit, label in units]
-        )
+        return self._writer("writes").run_many([(_unknowing(unit), label) for unit, label in units])
 
     def append_each(
         self, units: Sequence[tuple[Callable[[Writes], T], str]]
@@ -63,7 +61,7 @@ class GroupCommitted(Storage):
     def repair(self, unit: Callable[[Repair], T], *, label: str = "repair") -> T:
         """:meth:`write` for ``fermix doctor --fix``: the unit may rebuild a full-text index
         (an FTS mirror, search stems)."""
-        return self._writer(label).run(_forgetting(unit), label=label)
+        return self._writer(label).run(_unknowing(unit), label=label)
 
     def _writer(self, label: str) -> GroupCommit:
         """The group commit; a :class:`StorageError` when opened by ``inspect``."""
@@ -85,12 +83,12 @@ class GroupCommitted(Storage):
             self._readers.close()
 
 
-def _forgetting(unit: Callable[[W], T]) -> Callable[[W], T]:
-    """``unit``, first making its session forget the conversation rows it knows: any unit
+def _unknowing(unit: Callable[[W], T]) -> Callable[[W], T]:
+    """``unit``, first making its session drop the conversation rows it knows: any unit
     but an append may change an owner or a trust."""
 
     def run(writes: W) -> T:
-        writes.forget()
+        writes.drop_known()
         return unit(writes)
 
     return run

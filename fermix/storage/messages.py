@@ -34,6 +34,19 @@ def get(sql: Sql, message_id: int) -> Message | None:
     return Message(*rows[0]) if rows else None
 
 
+def by_owner(
+    sql: Sql, owner_id: str, *, agent_id: str | None = None, after_id: int = 0, limit: int = 1000
+) -> list[Message]:
+    """The messages ``owner_id`` is the author of (of ``agent_id``, or every agent), in id
+    order after ``after_id``, at most ``limit``: one page of an export (F6)."""
+    only = "" if agent_id is None else " AND agent_id = ?"
+    rows = sql.rows(
+        f"SELECT {COLUMNS} FROM messages WHERE owner_id = ?{only} AND id > ? ORDER BY id LIMIT ?",
+        (owner_id, *(() if agent_id is None else (agent_id,)), after_id, limit),
+    )
+    return [Message(*r) for r in rows]
+
+
 def by_client_key(sql: Sql, key: ConversationKey, client_key: str) -> Message | None:
     """The message of conversation ``key`` stored under ``client_key``, or None (N3)."""
     rows = sql.rows(

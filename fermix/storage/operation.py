@@ -85,7 +85,7 @@ class WriteSession(Session):
     """A write unit's session: it remembers the owner and trust it last gave each
     conversation row (:meth:`touch_known`), as long as nothing else may have changed them.
 
-    Its adapter's group commit calls :meth:`forget` whenever that may no longer hold (after
+    Its adapter's group commit calls :meth:`drop_known` whenever that may no longer hold (after
     a rollback; on SQLite when another connection committed, on PostgreSQL at the start of
     every transaction).
     """
@@ -109,6 +109,6 @@ class WriteSession(Session):
             known.clear()
         known[key] = mark
 
-    def forget(self) -> None:
-        """Forget the conversation rows known: the next touch of each writes again."""
+    def drop_known(self) -> None:
+        """Drop the conversation rows known: the next touch of each writes again."""
         self._known.clear()

@@ -30,6 +30,7 @@ from fermix.model import (
     ApiToken,
     ConversationKey,
     ConversationState,
+    Erasure,
     JobRun,
     MemoryRow,
     MemorySource,
@@ -132,6 +133,27 @@ class ScopeRows:
 
 
 @dataclass(frozen=True, slots=True)
+class Dropped:
+    """What one batch of :func:`drop_messages` did, and where the next starts."""
+
+    dropped: int
+    after_id: int
+    """The cursor: the next batch reads messages after this id."""
+    finished: bool
+    """Whether no older message is left to look at."""
+
+
+@dataclass(frozen=True, slots=True)
+class Purge:
+    """What :meth:`Storage.purge` found: whether the store's files still hold a copy of what
+    was deleted (F3), and what holds it when they do."""
+
+    clean: bool
+    left: str = ""
+    """What still holds a copy (a reader holding the write-ahead log back, say), if any."""
+
+
+@dataclass(frozen=True, slots=True)
 class Coverage:
     """How many rows have a vector, and of what model."""
 
@@ -155,6 +177,18 @@ class Reads(Protocol):
 
     def conversations(self, *, agent_id: str | None = None) -> list[ConversationState]:
         """Every conversation row, of one agent when given."""
+        ...
+
+    def owned_conversations(
+        self, owner_id: str, *, agent_id: str | None = None
+    ) -> list[ConversationState]:
+        """The conversations ``owner_id`` owns (of ``agent_id``, or every agent)."""
+        ...
+
+    def owner_messages(
+        self, owner_id: str, *, agent_id: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[Message]:
+        """The messages ``owner_id`` wrote, in id order after ``after_id``: an export's page."""
         ...
 
     def window(self, key: ConversationKey, *, limit: int | None = None) -> list[Message]:
@@ -483,6 +517,54 @@ class Reads(Protocol):
         recorded model (``fermix index status``, ``fermix doctor``)."""
         ...
 
+    # -- erasures (F1-F5) ----------------------------------------------------------------
+
+    def erasure(self, erasure_id: int) -> Erasure:
+        """The erasure ``erasure_id``; :class:`~fermix.errors.NotFoundError` if there is none."""
+        ...
+
+    def erasures(self, *, limit: int = 100) -> list[Erasure]:
+        """The newest erasure records first: the audit (no subject once its rows are gone)."""
+        ...
+
+    def unfinished_erasures(self) -> list[Erasure]:
+        """The erasures not ``done``, oldest first (a killed one, or one a reader held)."""
+        ...
+
+    def latest_erasure_id(self) -> int:
+        """The newest erasure's id, 0 when none: noted by a review or compaction at its start."""
+        ...
+
+    def erasures_since(self, after_id: int, agent_id: str) -> bool:
+        """Whether an erasure that may touch ``agent_id`` began after ``after_id`` (F4)."""
+        ...
+
+    def erasure_rerender(self, erasure_id: int) -> tuple[list[tuple[str, str]], int | None]:
+        """The (agent, owner) pairs (owner ``*``: every owner) whose prompt files showed a
+        row the erasure took, and the earliest such row's creation time."""
+        ...
+
+    def erasure_key(self, target: str, subject: str) -> str | None:
+        """The keyed hash an erasure record keeps of ``subject`` (None: no erasure yet)."""
+        ...
+
+    def owner_known(self, owner_id: str, agent_id: str | None) -> bool:
+        """Whether anything of ``owner_id`` is stored (for ``agent_id``, or any agent)."""
+        ...
+
+    # -- retention (F7) -------------------------------------------------------------------
+
+    def retention_due(
+        self,
+        *,
+        messages_before: int | None,
+        archived_before: int | None,
+        keep: int | None,
+        drop_unreviewed: bool = False,
+    ) -> dict[str, int]:
+        """How many messages, archived rows and revisions a retention sweep would drop now."""
+        ...
+
 
 class Writes(Reads, Protocol):
     """The write operations (and every read), inside one write transaction of the group
@@ -494,8 +576,8 @@ class Writes(Reads, Protocol):
         and trust and nothing can have changed it since (one statement less per append)."""
         ...
 
-    def forget(self) -> None:
-        """Forget the conversation rows :meth:`touch_known` remembers: the next touch of
+    def drop_known(self) -> None:
+        """Drop the conversation rows :meth:`touch_known` remembers: the next touch of
         each writes again (after a rollback, or another process's commit)."""
         ...
 
@@ -710,6 +792,60 @@ class Writes(Reads, Protocol):
         """Store each memory row's vector unless it has one or is gone; count its tokens."""
         ...
 
+    # -- erasures (F1-F5) ----------------------------------------------------------------
+
+    def begin_erasure(
+        self,
+        *,
+        target: str,
+        subject: str,
+        agent_id: str | None,
+        requested_by: str,
+        now: int | None = None,
+    ) -> Erasure:
+        """Record the start of an erasure (``running``): a killed one is finished later."""
+        ...
+
+    def erase_step(self, erasure_id: int, *, batch: int = 500) -> dict[str, int]:
+        """Erase one bounded batch of the erasure; what it erased by kind, ``{}`` when none is
+        left (the unit stays short: other writers wait for one batch at most)."""
+        ...
+
+    def erasure_rows_gone(self, erasure_id: int) -> None:
+        """The erasure's rows are gone: drop its subject (its keyed hash stays), ``pending``."""
+        ...
+
+    def settle_erasures(self, erasure_ids: Iterable[int], *, now: int | None = None) -> int:
+        """Say ``done`` for these ``pending`` erasures: the files hold no copy (F3)."""
+        ...
+
+    def drop_revisions(self, agent_id: str, owner_id: str, *, since: int) -> int:
+        """Drop the revisions of ``agent_id``'s prompt files of ``owner_id`` (``*``: every
+        owner) recorded since ``since``, but each file's current one (F2)."""
+        ...
+
+    # -- retention (F7) -------------------------------------------------------------------
+
+    def expire_messages(
+        self,
+        *,
+        before: int,
+        after_id: int = 0,
+        drop_unreviewed: bool = False,
+        batch: int = 500,
+    ) -> Dropped:
+        """Drop one batch of messages created before ``before``, read after ``after_id``:
+        never a checkpoint, nor (unless ``drop_unreviewed``) a user message not reviewed."""
+        ...
+
+    def expire_archived(self, *, before: int, batch: int = 500) -> int:
+        """Drop one batch of memory rows archived before ``before``; how many went."""
+        ...
+
+    def trim_revisions(self, *, keep: int, batch: int = 500) -> int:
+        """Drop one batch of revisions beyond each prompt file's newest ``keep``."""
+        ...
+
 
 class Inspection(Reads, Protocol):
     """What ``fermix doctor`` reads besides the turn's reads: schema, integrity, full-text
@@ -812,6 +948,12 @@ class Storage(Protocol):
 
     def repair(self, unit: Callable[[Repair], T], *, label: str = "repair") -> T:
         """:meth:`write` for ``fermix doctor --fix``: the unit may rebuild derived state."""
+        ...
+
+    def purge(self) -> Purge:
+        """Take what was deleted out of the store's files (F3): on SQLite, the write-ahead
+        log checkpointed and truncated (deleted cells are zeroed as they go); on PostgreSQL,
+        the dead tuples vacuumed away. Not clean while a reader still needs the old copy."""
         ...
 
     @property

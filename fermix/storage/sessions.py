@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from fermix.storage import api_tokens
 from fermix.storage import conversations as _conversations
+from fermix.storage import erasure as _erasure
 from fermix.storage import jobs as _jobs
 from fermix.storage import memories as _memories
 from fermix.storage import messages as _messages
 from fermix.storage import resources as _resources
+from fermix.storage import retention as _retention
 from fermix.storage import vectors as _vectors
 from fermix.storage.operation import Session, SqlOp, WriteSession
 
@@ -57,6 +59,7 @@ class SharedReads(Session):
     # conversations: state, window, review gates
     conversation = SqlOp(_conversations.get)
     conversations = SqlOp(_conversations.list_states)
+    owned_conversations = SqlOp(_conversations.owned_by)
     window = SqlOp(_conversations.window)
     window_mark = SqlOp(_conversations.window_mark)
     window_snapshot = SqlOp(_conversations.window_snapshot)
@@ -71,6 +74,20 @@ class SharedReads(Session):
     message_by_client_key = SqlOp(_messages.by_client_key)
     messages = SqlOp(_messages.conversation)
     count_messages = SqlOp(_messages.count)
+    owner_messages = SqlOp(_messages.by_owner)
+
+    # erasures (F1-F5): the records, and what a review or compaction checks before it writes
+    erasure = SqlOp(_erasure.get)
+    erasures = SqlOp(_erasure.list_erasures)
+    unfinished_erasures = SqlOp(_erasure.unfinished)
+    latest_erasure_id = SqlOp(_erasure.latest_id)
+    erasures_since = SqlOp(_erasure.since)
+    erasure_rerender = SqlOp(_erasure.rerender)
+    owner_known = SqlOp(_erasure.owner_known)
+    erasure_key = SqlOp(_erasure.known_key)
+
+    # retention (F7): what the next sweep drops
+    retention_due = SqlOp(_retention.due)
 
 
 class SharedWrites(SharedReads, WriteSession):
@@ -108,3 +125,15 @@ class SharedWrites(SharedReads, WriteSession):
     release_review = SqlOp(_conversations.release_review)
     fail_review = SqlOp(_conversations.fail_review)
     release_expired_claims = SqlOp(_conversations.release_expired_claims)
+
+    # erasures (F1-F5): one bounded batch per unit
+    begin_erasure = SqlOp(_erasure.begin)
+    erase_step = SqlOp(_erasure.step)
+    erasure_rows_gone = SqlOp(_erasure.rows_gone)
+    settle_erasures = SqlOp(_erasure.settle)
+    drop_revisions = SqlOp(_erasure.drop_revisions)
+
+    # retention (F7): one bounded batch per unit
+    expire_messages = SqlOp(_retention.drop_messages)
+    expire_archived = SqlOp(_retention.drop_archived)
+    trim_revisions = SqlOp(_retention.drop_revisions)

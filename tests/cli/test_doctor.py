@@ -129,6 +129,8 @@ def test_s1_doctor_on_a_healthy_home_passes_every_check(
         "prompt files": "pass",
         "review claims": "pass",
         "review gates": "info",  # one conversation awaits its first review
+        "erasures": "pass",  # no erasure left unfinished (F5)
+        "retention": "info",  # off: everything is kept (F7)
         "permissions": "pass",
         "disk": statuses["disk"],  # depends on the machine running the tests
         "model": "skip",

@@ -62,7 +62,8 @@ def test_m7_with_the_sweep_off_the_timer_has_no_sweep_and_only_tick_sweeps(
     start_memory: StartMemory, model_server: ModelServer
 ) -> None:
     memory = start_memory(_config(model_server, sweep_interval_s=0))
-    assert memory._runtime.services.timer.jobs() == {"passivation": 300.0}  # idle_s / 2 (A7)
+    # idle_s / 2 (A7), and the retry of an erasure a reader held back (F3)
+    assert memory._runtime.services.timer.jobs() == {"passivation": 300.0, "erasures": 60.0}
     memory.voice_transcript("agent", "kitchen", "user", "I moved to Porto", owner_id="alice")
     assert model_server.requests == []
     model_server.reply_json(SAVE_CITY)
@@ -90,7 +91,7 @@ def test_m7_close_stops_the_timer_thread_without_waiting_for_its_interval(
 ) -> None:
     memory = start_memory(_config(model_server, sweep_interval_s=3600))
     timer = memory._runtime.services.timer
-    assert timer.jobs() == {"passivation": 300.0, "sweep": 3600.0}
+    assert timer.jobs() == {"passivation": 300.0, "sweep": 3600.0, "erasures": 60.0}
     assert timer.thread.is_alive()
     memory.close(timeout=30)
     assert not timer.thread.is_alive()

@@ -22,6 +22,8 @@ from fermix.core.review import ReviewResult, Skip
 from fermix.model import (
     ConversationKey,
     ConversationState,
+    Erasure,
+    ForgetReport,
     JobCaller,
     JobRun,
     MemoryRow,
@@ -30,7 +32,7 @@ from fermix.model import (
     Revision,
     ScheduledJob,
 )
-from fermix.server.http import admin, turn
+from fermix.server.http import admin, owners, turn
 from fermix.server.http.wire_models import derive, derived_models
 
 KEY = ConversationKey("assistant", "telegram", "42", "t")
@@ -48,6 +50,8 @@ SAMPLES: list[Any] = [
     ScheduledJob(1, "a", "", "daily", "0 9 * * *", "Sum up", 4, True, None, 1, 2),
     JobRun(7, 1, "failed", "", "boom", 10, 11),
     JobCaller("a", 4, "o", 7),
+    ForgetReport(3, "owner", "pending", {"messages": 4}, "a reader holds the log back"),
+    Erasure(3, "owner", "a", None, "ab12", "operator", "done", {"messages": 4}, 10, 12),
 ]
 
 
@@ -56,6 +60,7 @@ def _app() -> FastAPI:
     app = FastAPI()
     app.include_router(turn.router, prefix="/v1")
     app.include_router(admin.router, prefix="/v1")
+    app.include_router(owners.router, prefix="/v1")
     return app
 
 

@@ -15,7 +15,12 @@ from fermix.cli.doctor_checks.fixes import apply_fixes
 from fermix.cli.doctor_checks.outcome import Check, Progress, Report, quiet
 from fermix.cli.doctor_checks.permissions import check_permissions
 from fermix.cli.doctor_checks.prompt_files import check_prompt_files
-from fermix.cli.doctor_checks.reviews import check_claims, check_review_gates
+from fermix.cli.doctor_checks.reviews import (
+    check_claims,
+    check_erasures,
+    check_retention,
+    check_review_gates,
+)
 from fermix.cli.doctor_checks.vectors import check_vectors
 from fermix.config import Config
 from fermix.errors import FermixError
@@ -60,6 +65,8 @@ def database_checks(
     checks.append(_guarded("prompt files", partial(check_prompt_files, home, db)))
     checks.append(run("review claims", partial(check_claims, now=now)))
     checks.append(run("review gates", partial(check_review_gates, config=config, now=now)))
+    checks.append(run("erasures", check_erasures))
+    checks.append(run("retention", partial(check_retention, config=config, now=now)))
     checks.append(run("vectors", partial(check_vectors, config=config)))
     return checks
 

@@ -73,6 +73,11 @@ def apply_fixes(
                 lambda w: w.release_expired_claims(now=now), label="doctor: release claims"
             )
             done.append(f"released {released} expired review claim(s)")
+        if "erasures" in wanted:
+            progress("finishing erasures")
+            reports = services.forgetting.resume()
+            finished = sum(1 for r in reports if r.done)
+            done.append(f"finished {finished} of {len(reports)} unfinished erasure(s)")
     finally:
         services.close()
     return done

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 Status = Literal["pass", "info", "warn", "fail", "skip"]
-Fix = Literal["migrate", "fts", "prompt_files", "claims", "permissions"]
+Fix = Literal["migrate", "fts", "prompt_files", "claims", "erasures", "permissions"]
 """What :func:`~fermix.cli.doctor_checks.fixes.apply_fixes` can do: migrate, rebuild an FTS
 mirror, re-render, release, make owner-only."""
 Progress = Callable[[str], None]

@@ -1,5 +1,6 @@
-"""The reviewer's checks (E2): no review claim held past its expiry, and the review gates
-of the conversations with the most unreviewed messages."""
+"""The background work's checks: no review claim held past its expiry (E2), the review gates
+of the conversations with the most unreviewed messages, and no erasure left unfinished by a
+kill or held back by a reader (F5)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from fermix import model
 from fermix.cli.doctor_checks.outcome import Check
 from fermix.config import Config
-from fermix.storage import Reads
+from fermix.storage import Inspection, Reads
 
 GATES_SHOWN = 5
 
@@ -92,3 +93,51 @@ def check_review_gates(reads: Reads, config: Config, *, now: int) -> Check:
     else:
         hint = "reviews run after a conversation's next turn, or `fermix memory review --now`"
     return Check("review gates", "info", summary, hint, details=details)
+
+
+def check_erasures(reads: Inspection) -> Check:
+    """No erasure is left unfinished (F5): killed halfway, or held back by a reader (F3)."""
+    if reads.pending_migrations():
+        return Check("erasures", "skip", "migrations are pending: the database predates them")
+    left = reads.unfinished_erasures()
+    if not left:
+        return Check("erasures", "pass", "no erasure is unfinished")
+    details = [
+        {
+            "erasure": e.id,
+            "target": e.target,
+            "agent_id": e.agent_id,
+            "state": e.state,
+            "started_at": e.started_at,
+            "erased": dict(e.counts),
+        }
+        for e in left
+    ]
+    running = sum(1 for e in left if e.state == "running")
+    summary = (
+        f"{len(left)} erasure(s) unfinished: {running} with rows left,"
+        f" {len(left) - running} with a copy left on disk"
+    )
+    hint = (
+        "a forget was killed, or a reader held an old copy; `fermix doctor --fix` finishes"
+        " it (so does the next start of a host)"
+    )
+    return Check("erasures", "fail", summary, hint, "erasures", details)
+
+
+def check_retention(reads: Inspection, config: Config, *, now: int) -> Check:
+    """What ``[fermix_core.retention]`` drops at the next sweep (F7)."""
+    cfg = config.retention
+    if not cfg.enabled:
+        return Check("retention", "info", "retention is off: everything is kept")
+    if reads.pending_migrations():
+        return Check("retention", "skip", "migrations are pending: the database predates them")
+    day = 86_400_000
+    due = reads.retention_due(
+        messages_before=now - cfg.messages_days * day if cfg.messages_days else None,
+        archived_before=now - cfg.archived_days * day if cfg.archived_days else None,
+        keep=cfg.revisions_keep or None,
+        drop_unreviewed=cfg.drop_unreviewed,
+    )
+    said = ", ".join(f"{n:,} {kind.replace('_', ' ')}" for kind, n in due.items())
+    return Check("retention", "info", f"the next sweep drops {said}", details=[due])

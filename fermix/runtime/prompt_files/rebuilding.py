@@ -406,6 +406,26 @@ class PromptFiles:
             raise WriteFailedError(f"could not check the prompt files: {exc}") from exc
         return [self.rebuild(a, o, reason=reason) for a, o in pairs]
 
+    def remove_owner(self, owner_id: str, *, agent_id: str | None = None) -> int:
+        """Delete ``owner_id``'s prompt files of ``agent_id`` (of every agent: None), their
+        folder and what this process cached of them (F1); returns how many files went.
+
+        Only the files: their resources and revisions are the erasure's, in the store."""
+        agents = [agent_id] if agent_id is not None else _folders(self.home.memory_dir)
+        removed = 0
+        for agent in agents:
+            if not has_files(agent, owner_id):
+                continue
+            folder = disk.prompt_dir(self.home, agent, owner_id)
+            with self._locks.hold(folder):
+                removed += disk.remove_folder(folder)
+            with self._lock:
+                self._seen.pop((agent, owner_id), None)
+                self._renders.pop((agent, owner_id), None)
+            if self._stored is not None:
+                self._stored.drop(agent, owner_id)
+        return removed
+
     def remove_orphan_temp_files(self) -> int:
         """Delete temporary files that killed writes left behind; returns how many."""
         return disk.remove_orphan_temp_files(self.home)
@@ -467,3 +487,11 @@ def _record(
 
 def _as_live(row: MemoryRow) -> MemoryRow:
     return replace(row, archived_at=None, archived_by=None, archive_reason=None)
+
+
+def _folders(root: Path) -> list[str]:
+    """The agents with a folder of prompt files under ``root``."""
+    try:
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and has_files(p.name, ""))
+    except FileNotFoundError:
+        return []

@@ -33,17 +33,30 @@ class StoredRevisions:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._texts: dict[tuple[str, str, str], Current] = {}
+        self._resources: dict[tuple[str, str, str], int | None] = {}
+        """The resource each cached text is of: one erased and made again is another."""
         self._on_disk: dict[Path, int] = {}
 
     def current(self, reads: Reads, agent_id: str, owner_id: str) -> tuple[Current, Current]:
         """USER.md's and MEMORY.md's current revision in the store: two reads by key, and a
-        revision's content only the first time its number is seen."""
+        revision's content only the first time its number is seen.
+
+        A resource erased (F4), by any service, is no longer served: what is cached is of
+        the resource it was read from, and a resource made again since starts over."""
         found = []
         for spec in FILES:
             resource = reads.resource(agent_id, spec.name, owner_id=owner_id)
             number = 0 if resource is None else resource.current_revision
+            key = (agent_id, owner_id, spec.name)
+            resource_id = None if resource is None else resource.id
             with self._lock:
-                cached = self._texts.get((agent_id, owner_id, spec.name))
+                known = self._resources.get(key, -1)
+                self._resources[key] = resource_id
+                # Erased (or erased and made again, rare): what was cached is not served.
+                erased = resource is None or known not in (-1, resource_id)
+                if erased and self._texts.pop(key, None) is not None:
+                    self._on_disk.clear()  # every file is checked again
+                cached = self._texts.get(key)
             if cached is None or cached[0] < number:
                 content = ""
                 if number:
@@ -51,6 +64,14 @@ class StoredRevisions:
                 cached = self.remember(agent_id, owner_id, spec.name, number, content)
             found.append(cached)
         return found[0], found[1]
+
+    def drop(self, agent_id: str, owner_id: str) -> None:
+        """Forget what is cached of the pair's files (they were erased here, F1)."""
+        with self._lock:
+            for spec in FILES:
+                self._texts.pop((agent_id, owner_id, spec.name), None)
+                self._resources.pop((agent_id, owner_id, spec.name), None)
+            self._on_disk.clear()
 
     def remember(
         self, agent_id: str, owner_id: str, name: str, number: int, content: str

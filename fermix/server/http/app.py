@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fermix.api import Memory
-from fermix.server.http import admin, errors, turn
+from fermix.server.http import admin, errors, owners, turn
 from fermix.server.http.batching import AppendBatcher
 from fermix.server.http.limits import BodyLimit
 from fermix.server.http.metrics import Metrics
@@ -95,6 +95,7 @@ def create_app(
     limit = max_body_bytes if max_body_bytes is not None else memory.config.server.max_body_bytes
     app.include_router(turn.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
+    app.include_router(owners.router, prefix=API_PREFIX)
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
     app.add_middleware(BodyLimit, max_bytes=limit)

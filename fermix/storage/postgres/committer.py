@@ -131,7 +131,7 @@ class PgCommitter(GroupCommit):
             try:
                 with pipeline(conn) if self._pipelined else contextlib.nullcontext():
                     send(conn, "BEGIN")
-                    self._session.forget()
+                    self._session.drop_known()
                     left = self._run(conn, batch, absorb=absorb)
                     if left is None:
                         send(conn, "COMMIT")
@@ -191,7 +191,7 @@ class PgCommitter(GroupCommit):
         conn = self._connection()
         conn.execute("BEGIN")
         try:
-            self._session.forget()
+            self._session.drop_known()
             outcomes: list[tuple[bool, Any]] = []
             for index, unit in enumerate(batch):
                 if index == 1:
@@ -219,7 +219,7 @@ class PgCommitter(GroupCommit):
             except Exception as exc:  # noqa: BLE001 - handed to this unit's caller
                 conn.execute("ROLLBACK TO SAVEPOINT unit")
                 conn.execute("RELEASE SAVEPOINT unit")
-                self._session.forget()
+                self._session.drop_known()
                 if not first and isinstance(exc, psycopg.errors.LockNotAvailable):
                     return None
                 if attempt == 0 and isinstance(exc, psycopg.errors.UniqueViolation):
@@ -241,4 +241,4 @@ class PgCommitter(GroupCommit):
         except psycopg.OperationalError:
             self._conn.close()  # broken: the next attempt connects again
         finally:
-            self._session.forget()
+            self._session.drop_known()

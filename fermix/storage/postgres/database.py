@@ -21,8 +21,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from fermix.errors import StorageError
 from fermix.storage.database import GroupCommitted
 from fermix.storage.passwords import scrubbed
-from fermix.storage.port import Inspection
-from fermix.storage.postgres import health
+from fermix.storage.port import Inspection, Purge
+from fermix.storage.postgres import health, purging
 from fermix.storage.postgres.committer import PgCommitter
 from fermix.storage.postgres.connection import Conn
 from fermix.storage.postgres.migrations import check_version, migrate
@@ -118,6 +118,13 @@ class PgDatabase(GroupCommitted):
     def shared(self) -> bool:
         """Always: services on other machines may write the same database."""
         return True
+
+    def purge(self) -> Purge:
+        """Vacuum the dead tuples erasures left (F3; :mod:`~fermix.storage.postgres.purging`)."""
+        if self._committer is None:
+            raise StorageError(f"{self.name} is open for inspection only: purge refused")
+        url = self.url
+        return purging.purge(lambda: connect(url))
 
     def read(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[PgReads]:
         """A read unit: the block's reads run on one pooled connection. A database error is

@@ -57,7 +57,7 @@ class PgWrites(PgReads, SharedWrites):
 
     :meth:`touch_known` skips a touch only within one transaction: a touch locks the
     conversation's row until the commit, so no other service can change its owner or trust
-    meanwhile. The committer calls :meth:`forget` at the start of every transaction and
+    meanwhile. The committer calls :meth:`drop_known` at the start of every transaction and
     after every rollback (there is no cheap "did another connection commit" on PostgreSQL,
     as SQLite's data version).
     """

@@ -149,7 +149,7 @@ class Committer(GroupCommit):
         conn.execute("BEGIN IMMEDIATE")
         try:
             if self._on_reset is not None and conn.data_version() != self._version:
-                self._on_reset()  # another connection committed: forget what it may change
+                self._on_reset()  # another connection committed: drop what it may change
             ran = 0
             while True:  # the units queued while these ran join the batch
                 for unit in batch[ran:]:

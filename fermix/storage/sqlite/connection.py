@@ -58,6 +58,12 @@ def set_synchronous(conn: apsw.Connection, level: str = SYNCHRONOUS) -> None:
     conn.execute(f"PRAGMA synchronous = {level}")
 
 
+def set_secure_delete(conn: apsw.Connection) -> None:
+    """Overwrite deleted content with zeros, in the database file and its log (F3): a
+    deleted row's text leaves the file with its cell, not when its page is reused."""
+    conn.execute("PRAGMA secure_delete = ON")
+
+
 def refuse_double_quoted_strings(conn: apsw.Connection) -> None:
     """Make ``"text"`` an identifier only, never a string literal (catches typos early)."""
     conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
@@ -111,6 +117,7 @@ def apply_settings(conn: apsw.Connection) -> None:
     set_wal(conn)
     set_foreign_keys(conn)
     set_synchronous(conn)
+    set_secure_delete(conn)
 
 
 @contextlib.contextmanager

@@ -18,9 +18,9 @@ import apsw
 
 from fermix.errors import StorageError
 from fermix.storage.database import GroupCommitted
-from fermix.storage.port import Inspection, Reads
+from fermix.storage.port import Inspection, Purge, Reads
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
-from fermix.storage.sqlite import health
+from fermix.storage.sqlite import health, purging
 from fermix.storage.sqlite.committer import Committer
 from fermix.storage.sqlite.migrations import open_database
 from fermix.storage.sqlite.pool import ReaderPool
@@ -48,7 +48,7 @@ class Database(GroupCommitted):
         # and it keeps what this process wrote of the conversation rows (touch_known).
         self._writes = SqliteWrites(conn)
         self._committer: Committer | None = Committer(
-            conn, retry=retry, session=self._writes, on_reset=self._writes.forget
+            conn, retry=retry, session=self._writes, on_reset=self._writes.drop_known
         )
         self._readers = ReaderPool(path, size=readers, vfs=vfs)
 
@@ -93,6 +93,12 @@ class Database(GroupCommitted):
     def shared(self) -> bool:
         """A SQLite file is this machine's alone."""
         return False
+
+    def purge(self) -> Purge:
+        """Checkpoint the log and truncate it (F3; :mod:`~fermix.storage.sqlite.purging`)."""
+        if self._committer is None:
+            raise StorageError(f"{self.name} is open for inspection only: purge refused")
+        return purging.purge(self.path, vfs=self.vfs)
 
     def inspection(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[Inspection]:
         """A read unit for ``fermix doctor``: the session offers the health checks too."""

@@ -408,3 +408,39 @@ CREATE TRIGGER messages_window_ai AFTER INSERT ON messages BEGIN
      WHERE agent_id = new.agent_id AND channel = new.channel AND chat_id = new.chat_id
        AND thread_scope = new.thread_scope;
 END;
+
+-- migration 10: forgetting (issue 22, F1-F5)
+-- erasures records each erasure from its start, so that a killed one is finished by the
+-- next start or the same call again (F5), and keeps it afterwards as the audit record:
+-- what was erased (target, agent, counts), when, and at whose request, with the subject (an
+-- owner id, a conversation's key, a row's id) only while it runs; once its rows are gone
+-- only subject_key, a keyed hash of it under audit_secret's key, is kept. state: 'running'
+-- (rows left), 'pending' (rows gone, a copy on disk left: a reader holds the log back),
+-- 'done' (F3). The indexes find an owner's rows without a scan; FTS5's secure-delete
+-- removes a deleted row's terms from the index segments at once, instead of leaving them
+-- until a merge (the connection's PRAGMA secure_delete zeroes freed cells and pages).
+CREATE TABLE erasures (
+    id           INTEGER PRIMARY KEY,
+    target       TEXT NOT NULL CHECK (target IN ('owner', 'conversation', 'message', 'memory')),
+    agent_id     TEXT,
+    subject      TEXT,
+    subject_key  TEXT NOT NULL,
+    requested_by TEXT NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('running', 'pending', 'done')),
+    counts_json  TEXT NOT NULL DEFAULT '{}',
+    work_json    TEXT NOT NULL DEFAULT '{}',
+    started_at   INTEGER NOT NULL,
+    finished_at  INTEGER
+);
+CREATE INDEX erasures_unfinished ON erasures (state) WHERE state <> 'done';
+CREATE TABLE audit_secret (
+    id     INTEGER PRIMARY KEY CHECK (id = 1),
+    secret TEXT NOT NULL
+);
+CREATE INDEX messages_author ON messages (owner_id, agent_id, id);
+CREATE INDEX conversations_owner ON conversations (owner_id, agent_id);
+CREATE INDEX memories_owner ON memories (owner_id, agent_id);
+CREATE INDEX memories_source_message ON memories (source_message_id)
+    WHERE source_message_id IS NOT NULL;
+INSERT INTO messages_fts (messages_fts, rank) VALUES ('secure-delete', 1);
+INSERT INTO memories_fts (memories_fts, rank) VALUES ('secure-delete', 1);

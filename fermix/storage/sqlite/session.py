@@ -56,7 +56,7 @@ class SqliteWrites(SqliteReads, SharedWrites):
     """The write operations (and every read), inside one write transaction.
 
     The database keeps one for its write connection, for every unit: the group commit calls
-    :meth:`forget` after a rollback and when another connection (another process) committed,
+    :meth:`drop_known` after a rollback and when another connection (another process) committed,
     and every unit but an append starts by forgetting (:meth:`Database.write
     <fermix.storage.sqlite.database.Database.write>`).
     """
