@@ -97,7 +97,7 @@ def _rows(memory: Memory, owner: str, count: int) -> None:
             for n in range(count)
         ]
 
-    written = memory._runtime.write_rows(unit, label="bench rows")
+    written = memory._runtime.write_rows(unit, label="bench rows", reason="bench")
     assert written.error is None, written.error
 
 
@@ -227,7 +227,7 @@ def measure(home: Path, url: str | None, sizes: dict[str, int]) -> dict[str, Any
     export_s, export_rss = _export(home, EXPORTED, out, url)
     exported = json.loads(out.read_text(encoding="utf-8"))
     assert len(exported["messages"]) == sizes["export_messages"]
-    _, idle_rss = _export(home, "tiny-owner", out, url)
+    _, idle_rss = _export(home, "tiny-owner", home.parent / "tiny.json", url)
     clean = _home_clean(home) if url is None else _tuples_clean(url)
     return {
         "forget_s": round(timing[0], 2),

@@ -46,8 +46,9 @@ from fermix.model import ERASURE_TARGETS, ConversationKey, Erasure
 from fermix.storage.conversations import WHERE_KEY
 from fermix.storage.sql import Sql
 
-BATCH = 500
-"""Messages (or memory rows, jobs, resources) one step erases at most."""
+BATCH = 200
+"""Messages (or memory rows, jobs, resources) one step erases at most: with SQLite's secure
+deletes a step of this size holds the write lock for a few milliseconds."""
 
 COLUMNS = (
     "id, target, agent_id, subject, subject_key, requested_by, state, counts_json,"

@@ -806,7 +806,7 @@ class Writes(Reads, Protocol):
         """Record the start of an erasure (``running``): a killed one is finished later."""
         ...
 
-    def erase_step(self, erasure_id: int, *, batch: int = 500) -> dict[str, int]:
+    def erase_step(self, erasure_id: int, *, batch: int = 200) -> dict[str, int]:
         """Erase one bounded batch of the erasure; what it erased by kind, ``{}`` when none is
         left (the unit stays short: other writers wait for one batch at most)."""
         ...
@@ -832,17 +832,17 @@ class Writes(Reads, Protocol):
         before: int,
         after_id: int = 0,
         drop_unreviewed: bool = False,
-        batch: int = 500,
+        batch: int = 200,
     ) -> Dropped:
         """Drop one batch of messages created before ``before``, read after ``after_id``:
         never a checkpoint, nor (unless ``drop_unreviewed``) a user message not reviewed."""
         ...
 
-    def expire_archived(self, *, before: int, batch: int = 500) -> int:
+    def expire_archived(self, *, before: int, batch: int = 200) -> int:
         """Drop one batch of memory rows archived before ``before``; how many went."""
         ...
 
-    def trim_revisions(self, *, keep: int, batch: int = 500) -> int:
+    def trim_revisions(self, *, keep: int, batch: int = 200) -> int:
         """Drop one batch of revisions beyond each prompt file's newest ``keep``."""
         ...
 

@@ -21,7 +21,7 @@ import json
 from fermix.storage.port import Dropped
 from fermix.storage.sql import Sql
 
-BATCH = 500
+BATCH = 200
 """Rows one unit drops at most."""
 
 

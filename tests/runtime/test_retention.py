@@ -18,7 +18,7 @@ from model_server import ModelServer
 
 from fermix.api import Memory
 from fermix.clock import now_ms
-from fermix.config import Config, RetentionConfig, StorageConfig
+from fermix.config import RetentionConfig, StorageConfig
 
 AGENT = "bot"
 DAY_MS = 86_400_000
