@@ -25,6 +25,7 @@ import contextlib
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from fermix.model import ConversationKey, Erasure, ForgetReport
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage, Writes
-from fermix.storage.erasure import conversation_subject
+from fermix.storage.erasure import BATCH, conversation_subject
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,12 @@ def requested_by(name: str) -> Iterator[None]:
         REQUESTER.reset(token)
 
 
+STEP_S = 0.010
+"""About how long one erasure step may hold the write lock."""
+
+FIRST_STEP = 20
+"""The rows of an erasure's first step; the next ones follow :class:`Steps`."""
+
 _PATTERN = re.compile(r"[*%?\[\]]")
 """What a pattern would use; an id with these that names nobody is refused as one (F8)."""
 
@@ -70,6 +77,35 @@ class _Plan:
     """The owner whose prompt-file folders go (an owner's erasure)."""
 
 
+class Steps:
+    """The size of an erasure's next step, kept to about :data:`STEP_S` of write lock.
+
+    A row's cost varies a hundredfold: SQLite's FTS5 secure delete rewrites the index pages
+    of every term of a message (milliseconds each in an index of a million messages), while
+    on PostgreSQL a step's time is mostly its round trips and commit, whatever its size. So
+    each step's time is read as a fixed part (the quickest step seen) and a part per row,
+    and the next step gets as many rows as fit in :data:`STEP_S` beside the fixed part: few
+    on a big SQLite index, the most (``limit``) where rows cost next to nothing.
+    """
+
+    def __init__(self, size: int = FIRST_STEP, *, limit: int = BATCH) -> None:
+        self.size = size
+        self._limit = limit
+        self._fixed: float | None = None
+
+    def took(self, seconds: float) -> None:
+        """The last step of :attr:`size` rows took ``seconds``: size the next one."""
+        fixed = seconds if self._fixed is None else min(self._fixed, seconds)
+        self._fixed = fixed
+        per_row = max(seconds - fixed, 0.0) / self.size
+        if per_row <= 0:
+            # no cost beyond the fixed part seen yet: grow, and learn what a row costs
+            self.size = min(self._limit, self.size * 2)
+            return
+        fits = int(STEP_S / per_row)
+        self.size = max(1, min(self._limit, fits, self.size * 2))
+
+
 class Forgetting:
     """The erasures of one process, through its writer."""
 
@@ -80,11 +116,13 @@ class Forgetting:
         files: PromptFiles,
         *,
         drop_hot: Callable[[str | None], None] = lambda agent_id: None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._db = storage
         self._writer = writer
         self._files = files
         self._drop_hot = drop_hot
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         """One erasure at a time in this process (a second waits: erasures are rare)."""
 
@@ -202,8 +240,14 @@ class Forgetting:
     def _finish(self, erasure_id: int, plan: _Plan) -> ForgetReport:
         with self._lock:
             label = f"erasure {erasure_id}"
-            while self._writer.write(lambda w: w.erase_step(erasure_id), label=label):
-                pass
+            steps = Steps()
+            while True:
+                size = steps.size
+                started = self._monotonic()
+                erased = self._writer.write(_stepping(erasure_id, size), label=label)
+                if not erased:
+                    break
+                steps.took(self._monotonic() - started)
             self._files_after(erasure_id, plan)
             self._writer.write(lambda w: w.erasure_rows_gone(erasure_id), label=label)
             self._drop_hot(plan.agent_id)
@@ -261,3 +305,8 @@ class Forgetting:
 def _dropping(agent_id: str, owner_id: str, since: int) -> Callable[[Writes], int]:
     """The unit that drops the revisions of a pair's files since ``since`` (F2)."""
     return lambda writes: writes.drop_revisions(agent_id, owner_id, since=since)
+
+
+def _stepping(erasure_id: int, size: int) -> Callable[[Writes], dict[str, int]]:
+    """The unit of one step of ``size`` rows of erasure ``erasure_id``."""
+    return lambda writes: writes.erase_step(erasure_id, batch=size)

@@ -20,7 +20,9 @@ What an owner's erasure takes, in this order (each phase is done before the next
    (a guest): the row no longer names the owner;
 4. the memory rows the owner owns, of every scope, archived or not;
 5. the owner's scheduled jobs and their runs, and their memory sources;
-6. the owner's prompt-file resources and every revision of them.
+6. the owner's prompt-file resources and every revision of them;
+7. on PostgreSQL, the owner's change counters renamed to name nobody (their versions only
+   grow, so a cache never sees one twice).
 
 Whatever a message took with it goes before the message: the memory rows whose provenance
 is that message (a fact the reviewer drew from it, under whatever owner it was written), a
@@ -46,9 +48,9 @@ from fermix.model import ERASURE_TARGETS, ConversationKey, Erasure
 from fermix.storage.conversations import WHERE_KEY
 from fermix.storage.sql import Sql
 
-BATCH = 200
-"""Messages (or memory rows, jobs, resources) one step erases at most: with SQLite's secure
-deletes a step of this size holds the write lock for a few milliseconds."""
+BATCH = 500
+"""Messages (or memory rows, jobs, resources) one step erases at most; the runtime sizes
+each step by what the last one took (:class:`fermix.runtime.forgetting.Steps`)."""
 
 COLUMNS = (
     "id, target, agent_id, subject, subject_key, requested_by, state, counts_json,"
@@ -247,6 +249,10 @@ def step(sql: Sql, erasure_id: int, *, batch: int = BATCH) -> dict[str, int]:
     subject = erasure.subject
     if erasure.target == "owner":
         _owner_step(sql, subject, erasure.agent_id, done, batch)
+        if not done.counts and sql.dialect.retire_counters:
+            # Last: the change counters no longer name the owner (their versions go on).
+            agent = erasure.agent_id
+            sql.run(sql.dialect.retire_counters, (str(erasure.id), subject, agent, agent))
     elif erasure.target == "conversation":
         _conversation_step(sql, _key_of(subject), done, batch)
     elif erasure.target == "message":

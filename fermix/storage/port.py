@@ -806,7 +806,7 @@ class Writes(Reads, Protocol):
         """Record the start of an erasure (``running``): a killed one is finished later."""
         ...
 
-    def erase_step(self, erasure_id: int, *, batch: int = 200) -> dict[str, int]:
+    def erase_step(self, erasure_id: int, *, batch: int = 500) -> dict[str, int]:
         """Erase one bounded batch of the erasure; what it erased by kind, ``{}`` when none is
         left (the unit stays short: other writers wait for one batch at most)."""
         ...

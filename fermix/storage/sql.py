@@ -61,6 +61,11 @@ class Dialect:
     memory_search: SearchColumns
     """The columns a memory row stores for this adapter's search (PostgreSQL's stems)."""
 
+    retire_counters: str
+    """The statement that renames an erased owner's change counters so they name nobody
+    (PostgreSQL's ``memory_versions``; its marks: the erasure's id, the owner, the agent
+    twice, None for every agent); none (``""``) on SQLite, whose counter is one for all."""
+
     # conversations
     skip_locked: str
     """What makes a ``SELECT`` lock the rows it returns and pass over those another

@@ -30,6 +30,7 @@ from fermix.config import Config, StorageConfig
 from fermix.conversation import Conversation
 from fermix.errors import InvalidInputError, NotFoundError
 from fermix.model import MemoryRow
+from fermix.runtime.forgetting import STEP_S, Steps
 from fermix.storage import fulltext
 
 AGENT = "bot"
@@ -234,7 +235,8 @@ def test_f1_f3_forget_owner_leaves_no_marker_in_any_file_and_the_other_owner_byt
     _plant(mem, model_server, "alice", ALICE)
     _plant(mem, model_server, "bob", BOB)
     bob_before = _snapshot(mem, "bob")
-    needles = _stems(list(ALICE.values()))
+    # her words, and her id too: no row names her afterwards (the audit keeps a keyed hash)
+    needles = [*_stems(list(ALICE.values())), b"alice"]
     assert _files_holding(home, _stems(list(BOB.values()))) or backend.url is not None
 
     report = mem.forget_owner("alice")
@@ -399,3 +401,27 @@ def test_f4_an_append_racing_the_forget_is_erased_whole_or_kept_whole(mem: Memor
         hits = reads.search_messages("kumquatzq", key=conv.key, limit=len(kept) + 10)
     assert {h.message.id for h in hits} == kept
     assert all("old message" not in m.content for m in conv.history())
+
+
+# -- the steps' sizes -----------------------------------------------------------------------
+
+
+def test_f1_a_step_takes_about_its_time_whatever_a_row_costs() -> None:
+    """A step's size follows what the steps took: a fixed part (the quickest step) and a
+    part per row; the next step gets the rows that fit in STEP_S beside the fixed part,
+    never below one nor above the storage's batch (F1: others wait one step at most)."""
+    slow = Steps(20, limit=500)  # a row costs STEP_S / 4, a step nothing more
+    slow.took(0.001)  # the quickest step: its time is the fixed part; rows seem free: grow
+    assert slow.size == 40
+    slow.took(0.001 + 40 * STEP_S / 4)
+    assert slow.size == 4
+    slow.took(0.001 + 4 * STEP_S / 4)
+    assert slow.size == 4  # it fits: kept
+    dear = Steps(8, limit=500)
+    dear.took(0.0)
+    dear.took(8 * 10 * STEP_S)  # ten steps' worth per row
+    assert dear.size == 1  # never zero
+    cheap = Steps(20, limit=500)  # every step the same, whatever its size: round trips
+    for _ in range(10):
+        cheap.took(2 * STEP_S)
+    assert cheap.size == 500

@@ -1,8 +1,8 @@
 """A forget killed at any point is finished later (F5), on SQLite.
 
 A child process forgets alice and SIGKILLs itself right after its N-th committed erasure
-unit (the record, each batch of rows, the rows gone), N from the first to the last but one
-(after the last, the record says done). Then ``fermix doctor`` reports the unfinished
+unit (the record, each step of rows, the rows gone), at points that every run of it has (the
+steps' sizes follow their times). Then ``fermix doctor`` reports the unfinished
 erasure, and either the next start of a host or the same call again finishes it: nothing of
 alice is left in the rows or in any file of the home, and bob keeps every message.
 """
@@ -80,7 +80,7 @@ def _files_hold_mark(home: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("stop_after", [1, 2, 4, 6, 7, 8], ids=lambda n: f"killed after unit {n}")
+@pytest.mark.parametrize("stop_after", [1, 2, 3, 5, 7], ids=lambda n: f"killed after unit {n}")
 @pytest.mark.parametrize("finish_by", ["the next start", "the same call again"])
 def test_f5_a_forget_killed_at_any_point_is_finished_later(
     home: Path, stop_after: int, finish_by: str
@@ -127,7 +127,8 @@ def test_f5_a_kill_after_the_last_unit_leaves_nothing_to_finish(home: Path) -> N
     )
     assert child.returncode == 0, child.stderr
     units = int(child.stdout.split()[-1])
-    # the record, five batches (two chats' messages, the chat itself), the last one finding
-    # nothing, the rows gone, done
-    assert units == 9
+    # the record, at least five steps (a step is at most BATCH rows: two chats' messages,
+    # the chat itself, the last one finding nothing), the rows gone, done; the kills above
+    # fall inside it whatever the steps' sizes
+    assert units >= 8
     assert _files_hold_mark(home) == []

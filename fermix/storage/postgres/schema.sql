@@ -361,3 +361,32 @@ CREATE INDEX conversations_owner ON conversations (owner_id, agent_id);
 CREATE INDEX memories_owner ON memories (owner_id, agent_id);
 CREATE INDEX memories_source_message ON memories (source_message_id)
     WHERE source_message_id IS NOT NULL;
+-- The per-(agent, owner) change counters move by a sequence, not by one: a counter made
+-- again after its owner was erased (its row then renamed to name nobody, F1) starts above
+-- every version any cache may hold, so no cache is served a version twice.
+CREATE SEQUENCE memory_version_seq;
+SELECT setval('memory_version_seq', coalesce((SELECT max(version) FROM memory_versions), 0) + 1);
+CREATE OR REPLACE FUNCTION memories_count() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.agent_id = OLD.agent_id AND NEW.owner_id = OLD.owner_id THEN
+        UPDATE memory_versions
+           SET version = nextval('memory_version_seq'),
+               token_count = token_count + NEW.stem_count - OLD.stem_count
+         WHERE agent_id = NEW.agent_id AND owner_id = NEW.owner_id;
+        RETURN NULL;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        UPDATE memory_versions
+           SET version = nextval('memory_version_seq'), row_count = row_count - 1,
+               token_count = token_count - OLD.stem_count
+         WHERE agent_id = OLD.agent_id AND owner_id = OLD.owner_id;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO memory_versions AS v (agent_id, owner_id, version, row_count, token_count)
+        VALUES (NEW.agent_id, NEW.owner_id, nextval('memory_version_seq'), 1, NEW.stem_count)
+        ON CONFLICT (agent_id, owner_id) DO UPDATE
+           SET version = nextval('memory_version_seq'), row_count = v.row_count + 1,
+               token_count = v.token_count + excluded.token_count;
+    END IF;
+    RETURN NULL;
+END $$;

@@ -22,6 +22,12 @@ POSTGRES: Final = Dialect(
     # a hash collision only makes two pairs wait for each other
     owner_lock="SELECT pg_advisory_xact_lock(hashtextextended(? || chr(31) || ?, 0))",
     memory_search=SearchColumns(("stems", "stem_count"), ("?::tsvector", "?"), memories.document),
+    # an owner id holds no control character: chr(31) names no owner
+    retire_counters=(
+        "UPDATE memory_versions SET owner_id = chr(31) || 'erasure ' || ?::text,"
+        " version = nextval('memory_version_seq')"
+        " WHERE owner_id = ? AND (?::text IS NULL OR agent_id = ?)"
+    ),
     # conversations
     skip_locked=" FOR UPDATE SKIP LOCKED",
 )

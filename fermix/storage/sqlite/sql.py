@@ -19,6 +19,7 @@ SQLITE: Final = Dialect(
     for_update="",
     owner_lock="",
     memory_search=SearchColumns(),
+    retire_counters="",
     # conversations
     skip_locked="",
 )
