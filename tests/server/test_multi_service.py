@@ -366,7 +366,10 @@ def test_m7_b2_each_backlog_is_reviewed_once_across_three_sweeping_services(
     second = range(0, REVIEWED, 2)
     answers = asyncio.run(phase(second_backlog, second))
     for bodies in answers:
-        assert sorted(b["status"] for b in bodies) == ["applied", "skipped", "skipped"], bodies
+        # One applies; each other one found the claim held ("skipped"), or claimed after
+        # the first had finished and found nothing left to review ("nothing").
+        statuses = sorted(b["status"] for b in bodies)
+        assert statuses[0] == "applied" and set(statuses[1:]) <= {"nothing", "skipped"}, bodies
     _poll(lambda: _settled(fleet, keys), "every second backlog reviewed", fleet)
     assert dict(review_model.reviews) == {i: 1 + (i in second) for i in range(REVIEWED)}
     assert set(review_model.most_at_once.values()) == {1}
