@@ -27,6 +27,14 @@ MAX_BATCHES = 10_000
 """Batches of one kind one sweep runs at most (the next sweep goes on)."""
 
 
+def cutoffs(config: RetentionConfig, *, now: int) -> tuple[int | None, int | None, int | None]:
+    """What ``config`` drops at ``now``: messages and archived rows older than these epoch
+    milliseconds, revisions beyond this many per file (None: that kind is kept)."""
+    messages = now - config.messages_days * DAY_MS if config.messages_days else None
+    archived = now - config.archived_days * DAY_MS if config.archived_days else None
+    return messages, archived, config.revisions_keep or None
+
+
 class Retention:
     """What ``[fermix_core.retention]`` drops, through the process's writer."""
 
@@ -49,10 +57,7 @@ class Retention:
         return self._config.enabled
 
     def _cutoffs(self) -> tuple[int | None, int | None, int | None]:
-        cfg, now = self._config, self._clock()
-        messages = now - cfg.messages_days * DAY_MS if cfg.messages_days else None
-        archived = now - cfg.archived_days * DAY_MS if cfg.archived_days else None
-        return messages, archived, cfg.revisions_keep or None
+        return cutoffs(self._config, now=self._clock())
 
     def due(self) -> dict[str, int]:
         """How many messages, archived rows and revisions the next sweep drops."""

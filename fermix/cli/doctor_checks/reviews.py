@@ -132,11 +132,13 @@ def check_retention(reads: Inspection, config: Config, *, now: int) -> Check:
         return Check("retention", "info", "retention is off: everything is kept")
     if reads.pending_migrations():
         return Check("retention", "skip", "migrations are pending: the database predates them")
-    day = 86_400_000
+    from fermix.runtime.retention import cutoffs
+
+    messages, archived, keep = cutoffs(cfg, now=now)
     due = reads.retention_due(
-        messages_before=now - cfg.messages_days * day if cfg.messages_days else None,
-        archived_before=now - cfg.archived_days * day if cfg.archived_days else None,
-        keep=cfg.revisions_keep or None,
+        messages_before=messages,
+        archived_before=archived,
+        keep=keep,
         drop_unreviewed=cfg.drop_unreviewed,
     )
     said = ", ".join(f"{n:,} {kind.replace('_', ' ')}" for kind, n in due.items())
