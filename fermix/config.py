@@ -175,6 +175,13 @@ class ReplicaConfig:
     sync_interval_s: float = _key(
         1.0, SECONDS, "Seconds between Litestream's syncs of the WAL to the replica (N9)."
     )
+    snapshot_interval_s: float = _key(
+        21600.0,
+        SECONDS,
+        "Seconds between the replica's snapshots, and how long it keeps the older ones: it"
+        " restores to any moment of the last one to two intervals, and an erased text leaves"
+        " it within three (F3, N9).",
+    )
     litestream: str | None = _key(
         None,
         TEXT,

@@ -282,8 +282,14 @@ class Forgetting:
             self._writer.write(_dropping(agent_id, owner_id, since), label=f"erasure {erasure_id}")
 
     def _settle_one(self, erasure: Erasure) -> ForgetReport:
-        purged = self._db.purge()
+        purged = self._db.purge(since_ms=erasure.finished_at)
         state = erasure.state
+        if erasure.finished_at is None and purged.log_clean_at is not None and state == "pending":
+            # The copies older than this moment (a replica's local files) are what is left.
+            at = purged.log_clean_at
+            self._writer.write(
+                lambda w: w.erasure_log_clean(erasure.id, at), label=f"erasure {erasure.id}"
+            )
         if purged.clean and state == "pending":
             self._writer.write(
                 lambda w: w.settle_erasures([erasure.id]), label=f"erasure {erasure.id}"

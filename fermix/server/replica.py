@@ -109,12 +109,46 @@ def _quoted(text: str) -> str:
     return json.dumps(text)
 
 
-def config_yaml(db_path: Path, url: str, sync_interval_s: float, socket_path: Path) -> str:
-    """Litestream 0.5's config for one database, one replica and the control socket."""
+L0_RETENTION_S = 10.0
+"""How long Litestream keeps a log file (L0) once compacted: it lies in the home, and an
+erasure stays ``pending`` until the files from before it are gone (F3)."""
+
+L1_INTERVAL_S = 10.0
+"""Litestream's first compaction level: how soon L0 files may go."""
+
+
+def config_yaml(
+    db_path: Path,
+    url: str,
+    sync_interval_s: float,
+    socket_path: Path,
+    snapshot_interval_s: float = 21600.0,
+) -> str:
+    """Litestream 0.5's config for one database, one replica and the control socket.
+
+    What it keeps bounds how long an erased text stays (F3). In the home, the log files
+    (L0) go :data:`L0_RETENTION_S` after their compaction into L1, which runs every
+    :data:`L1_INTERVAL_S`. On the replica, a snapshot is taken every ``snapshot_interval_s``
+    and kept as long; at each snapshot Litestream drops the snapshots older than that (the
+    newest always stays) and every compacted file older than the newest snapshot it dropped.
+    A file from before an erasure goes once the first snapshot after it has been dropped:
+    that snapshot comes within one interval, and is dropped at the second snapshot after it
+    that finds it older than one interval, so within three intervals in all.
+    """
     interval = _duration(sync_interval_s)
+    snapshots = _duration(snapshot_interval_s)
     return "\n".join(
         [
             "# Written by fermix from [fermix_core.replica] at each start (N9); edits are lost.",
+            f"l0-retention: {_duration(L0_RETENTION_S)}",
+            f"l0-retention-check-interval: {_duration(L0_RETENTION_S / 2)}",
+            "levels:",
+            f"  - interval: {_duration(L1_INTERVAL_S)}",
+            "  - interval: 5m",
+            "  - interval: 1h",
+            "snapshot:",
+            f"  interval: {snapshots}",
+            f"  retention: {snapshots}",
             "socket:",
             "  enabled: true",
             f"  path: {_quoted(str(socket_path))}",
@@ -222,7 +256,14 @@ class Replica:
         if len(os.fsencode(socket_path)) > SOCKET_PATH_MAX:  # a folder of its own, 0700
             socket_path = Path(tempfile.mkdtemp(prefix="fermix-replica-")) / SOCKET_FILE
         _write_private(
-            config_path, config_yaml(home.db_path, config.url, config.sync_interval_s, socket_path)
+            config_path,
+            config_yaml(
+                home.db_path,
+                config.url,
+                config.sync_interval_s,
+                socket_path,
+                config.snapshot_interval_s,
+            ),
         )
         log_path = home.root / LOG_FILE
         log_fd = _open_log(log_path)

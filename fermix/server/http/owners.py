@@ -56,7 +56,7 @@ else:
         state="running, pending or done.",
         counts="What was erased, by kind.",
         started_at="Epoch milliseconds.",
-        finished_at="Epoch milliseconds, once done.",
+        finished_at="Epoch milliseconds: when its rows were gone and the store's own files clean.",
     )
 
 

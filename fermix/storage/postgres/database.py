@@ -119,12 +119,12 @@ class PgDatabase(GroupCommitted):
         """Always: services on other machines may write the same database."""
         return True
 
-    def purge(self) -> Purge:
+    def purge(self, *, since_ms: int | None = None) -> Purge:
         """Vacuum the dead tuples erasures left (F3; :mod:`~fermix.storage.postgres.purging`)."""
         if self._committer is None:
             raise StorageError(f"{self.name} is open for inspection only: purge refused")
         url = self.url
-        return purging.purge(lambda: connect(url))
+        return purging.purge(lambda: connect(url))  # no copy beside the tables: since_ms unused
 
     def read(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[PgReads]:
         """A read unit: the block's reads run on one pooled connection. A database error is

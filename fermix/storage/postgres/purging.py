@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from fermix.clock import now_ms
 from fermix.storage.port import Purge
 from fermix.storage.postgres.connection import Conn
 
@@ -79,7 +80,7 @@ def purge(connect: Callable[[], Conn]) -> Purge:
         if conn.execute("SELECT to_regclass('message_ann')").fetchone() not in (None, (None,)):
             tables.append("message_ann")
         conn.execute(f"VACUUM {', '.join(tables)}")
-        return Purge(True)
+        return Purge(True, log_clean_at=now_ms())
     except psycopg.Error as exc:
         return Purge(False, f"vacuum failed: {type(exc).__name__}: {exc}")
     finally:

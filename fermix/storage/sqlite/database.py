@@ -94,11 +94,12 @@ class Database(GroupCommitted):
         """A SQLite file is this machine's alone."""
         return False
 
-    def purge(self) -> Purge:
-        """Checkpoint the log and truncate it (F3; :mod:`~fermix.storage.sqlite.purging`)."""
+    def purge(self, *, since_ms: int | None = None) -> Purge:
+        """Checkpoint the log and truncate it, then look at Litestream's local files (F3;
+        :mod:`~fermix.storage.sqlite.purging`)."""
         if self._committer is None:
             raise StorageError(f"{self.name} is open for inspection only: purge refused")
-        return purging.purge(self.path, vfs=self.vfs)
+        return purging.purge(self.path, vfs=self.vfs, since_ms=since_ms)
 
     def inspection(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[Inspection]:
         """A read unit for ``fermix doctor``: the session offers the health checks too."""
