@@ -111,14 +111,23 @@ class Terminal:
         self.send(text + "\n")
 
     def wait(self, timeout: float = 30.0) -> int:
-        """Read to the end of output, reap the child and return its exit code."""
+        """Read to the end of output, reap the child and return its exit code.
+
+        The child is reaped as soon as it exits, whether or not the terminal has closed: a
+        process it started may hold the terminal open after it (what is left of the output
+        is read after a short grace, and the check that the child exited stays exact)."""
         deadline = time.monotonic() + timeout
-        while self._read(deadline):
+        while True:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.status = os.waitstatus_to_exitcode(status)
+                grace = time.monotonic() + 1.0
+                while self._read(min(grace, time.monotonic() + 0.1)) and time.monotonic() < grace:
+                    pass
+                return self.status
             if time.monotonic() >= deadline:
                 raise AssertionError(f"the chat did not exit; the terminal showed:\n{self.text}")
-        _, status = os.waitpid(self.pid, 0)
-        self.status = os.waitstatus_to_exitcode(status)
-        return self.status
+            self._read(min(deadline, time.monotonic() + 0.1))
 
     def close(self) -> None:
         """Kill the child if it still runs (a failed test), and close the terminal."""
