@@ -93,6 +93,12 @@ class Steps:
         self._limit = limit
         self._fixed: float | None = None
 
+    @classmethod
+    def apart(cls) -> Steps:
+        """Steps that hold up no other writer (the store writes them aside): each as big as
+        a batch may be, since its time is no one else's wait."""
+        return _Apart(BATCH, limit=BATCH)
+
     def took(self, seconds: float) -> None:
         """The last step of :attr:`size` rows took ``seconds``: size the next one."""
         fixed = seconds if self._fixed is None else min(self._fixed, seconds)
@@ -104,6 +110,11 @@ class Steps:
             return
         fits = int(STEP_S / per_row)
         self.size = max(1, min(self._limit, fits, self.size * 2))
+
+
+class _Apart(Steps):
+    def took(self, seconds: float) -> None:
+        """The size stays: a step written aside keeps no one waiting."""
 
 
 class Forgetting:
@@ -240,11 +251,13 @@ class Forgetting:
     def _finish(self, erasure_id: int, plan: _Plan) -> ForgetReport:
         with self._lock:
             label = f"erasure {erasure_id}"
-            steps = Steps()
+            # On PostgreSQL a step commits beside the appends (write_aside), so it may be
+            # as big as a batch; on SQLite the appends wait for it, so it is kept short.
+            steps = Steps.apart() if self._db.writes_aside else Steps()
             while True:
                 size = steps.size
                 started = self._monotonic()
-                erased = self._writer.write(_stepping(erasure_id, size), label=label)
+                erased = self._writer.write_aside(_stepping(erasure_id, size), label=label)
                 if not erased:
                     break
                 steps.took(self._monotonic() - started)

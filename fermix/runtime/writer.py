@@ -154,6 +154,11 @@ class Writer:
         """Commit ``unit``; return its result once committed."""
         return self._db.write(unit, label=label)
 
+    def write_aside(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """Commit a rare, slow ``unit`` where it holds up no append (the store's
+        :meth:`~fermix.storage.port.Storage.write_aside`)."""
+        return self._db.write_aside(unit, label=label)
+
     def write_rows(
         self,
         unit: Callable[[Writes], Sequence[MemoryRow]],

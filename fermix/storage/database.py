@@ -35,7 +35,11 @@ class GroupCommitted(Storage):
         leaves nothing of that unit; a database error is a
         :class:`~fermix.errors.WriteFailedError` after the writer's retries.
         """
-        return self._writer(label).run(_unknowing(unit), label=label)
+        return self._writer(label).run(unknowing(unit), label=label)
+
+    def write_aside(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """:meth:`write`; an adapter whose database takes concurrent writers runs it apart."""
+        return self.write(unit, label=label)
 
     def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
         """:meth:`write` for a unit that changes no conversation's owner or trust but through
@@ -50,7 +54,7 @@ class GroupCommitted(Storage):
 
         One caller, many independent writes: a server batching its concurrent requests.
         """
-        return self._writer("writes").run_many([(_unknowing(unit), label) for unit, label in units])
+        return self._writer("writes").run_many([(unknowing(unit), label) for unit, label in units])
 
     def append_each(
         self, units: Sequence[tuple[Callable[[Writes], T], str]]
@@ -61,7 +65,7 @@ class GroupCommitted(Storage):
     def repair(self, unit: Callable[[Repair], T], *, label: str = "repair") -> T:
         """:meth:`write` for ``fermix doctor --fix``: the unit may rebuild a full-text index
         (an FTS mirror, search stems)."""
-        return self._writer(label).run(_unknowing(unit), label=label)
+        return self._writer(label).run(unknowing(unit), label=label)
 
     def _writer(self, label: str) -> GroupCommit:
         """The group commit; a :class:`StorageError` when opened by ``inspect``."""
@@ -83,7 +87,7 @@ class GroupCommitted(Storage):
             self._readers.close()
 
 
-def _unknowing(unit: Callable[[W], T]) -> Callable[[W], T]:
+def unknowing(unit: Callable[[W], T]) -> Callable[[W], T]:
     """``unit``, first making its session drop the conversation rows it knows: any unit
     but an append may change an owner or a trust."""
 

@@ -922,6 +922,12 @@ class Storage(Protocol):
         then check freshness per conversation and per (agent, owner), never a local file."""
         ...
 
+    @property
+    def writes_aside(self) -> bool:
+        """Whether :meth:`write_aside` commits beside the group commit (PostgreSQL), holding
+        up no other unit; False where one writer writes at a time (SQLite)."""
+        ...
+
     def read(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[Reads]:
         """A read unit: the block's reads run on one pooled read connection. A database error
         is a :class:`~fermix.errors.StorageError` naming the store."""
@@ -934,6 +940,13 @@ class Storage(Protocol):
     def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
         """:meth:`write` for a unit that changes no conversation's owner or trust but through
         :meth:`Writes.touch_known` (an append)."""
+        ...
+
+    def write_aside(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """:meth:`write` for a rare, slow unit (an erasure's step) that must not hold up the
+        appends: on PostgreSQL it commits on a connection of its own, beside the group commit,
+        as another service's unit would (it waits only for the rows it shares with them); on
+        SQLite, where one writer writes at a time, it is :meth:`write`."""
         ...
 
     def write_each(

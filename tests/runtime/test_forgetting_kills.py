@@ -39,18 +39,20 @@ _FORGETTER = textwrap.dedent(
 
     stop_after = int(sys.argv[2])
     committed = 0
-    write = Writer.write
 
-    def counting(self, unit, *, label):
-        global committed
-        result = write(self, unit, label=label)
-        if label.startswith("erasure"):
-            committed += 1
-            if committed == stop_after:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return result
+    def counting(write):
+        def counted(self, unit, *, label):
+            global committed
+            result = write(self, unit, label=label)
+            if label.startswith("erasure"):
+                committed += 1
+                if committed == stop_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return result
+        return counted
 
-    Writer.write = counting
+    Writer.write = counting(Writer.write)
+    Writer.write_aside = counting(Writer.write_aside)  # the erasure's steps
     with Memory(sys.argv[1]) as memory:
         memory.forget_owner("alice")
     print("finished", committed, flush=True)

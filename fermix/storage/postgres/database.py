@@ -11,23 +11,26 @@ whichever of several services starting together gets there first.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from fermix.errors import StorageError
-from fermix.storage.database import GroupCommitted
+from fermix.storage.database import GroupCommitted, unknowing
 from fermix.storage.passwords import scrubbed
-from fermix.storage.port import Inspection, Purge
+from fermix.storage.port import Inspection, Purge, Writes
 from fermix.storage.postgres import health, purging
 from fermix.storage.postgres.committer import PgCommitter
 from fermix.storage.postgres.connection import Conn
 from fermix.storage.postgres.migrations import check_version, migrate
 from fermix.storage.postgres.session import PgReads
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
+
+T = TypeVar("T")
 
 
 def connect(url: str) -> Conn:
@@ -62,6 +65,10 @@ class PgDatabase(GroupCommitted):
         finally:
             conn.close()
         self._committer = PgCommitter(lambda: connect(url), retry=retry, max_batch=max_batch)
+        self._retry = retry
+        self._aside: PgCommitter | None = None
+        """The committer of :meth:`write_aside`, on a connection of its own (made on first use)."""
+        self._aside_lock = threading.Lock()
         self._readers: ConnectionPool[Conn] = ConnectionPool(
             url,
             min_size=1,
@@ -98,6 +105,8 @@ class PgDatabase(GroupCommitted):
         db.url = url
         db.name = name
         db._committer = None
+        db._aside = None
+        db._aside_lock = threading.Lock()
         db._readers = ConnectionPool(
             url,
             min_size=1,
@@ -125,6 +134,36 @@ class PgDatabase(GroupCommitted):
             raise StorageError(f"{self.name} is open for inspection only: purge refused")
         url = self.url
         return purging.purge(lambda: connect(url))  # no copy beside the tables: since_ms unused
+
+    @property
+    def writes_aside(self) -> bool:
+        """:meth:`write_aside` commits on a connection of its own."""
+        return True
+
+    def write_aside(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """Run ``unit`` in a transaction of its own, on a connection beside the group
+        commit's: the appends queued there do not wait for it, as they would not for another
+        service's unit. Its locks are taken as every unit's are (rows in a fixed order), so
+        it waits only for the rows it shares with them; a deadlock or serialization failure
+        is retried as the group commit's are."""
+        self._writer(label)  # refused when opened for inspection
+        with self._aside_lock:
+            if self._aside is None:
+                url = self.url
+                self._aside = PgCommitter(lambda: connect(url), retry=self._retry, max_batch=1)
+            aside = self._aside
+        return aside.run(unknowing(unit), label=label)
+
+    def close(self) -> None:
+        """Finish the queued writes (the aside committer's first), then close every
+        connection."""
+        try:
+            with self._aside_lock:
+                aside, self._aside = self._aside, None
+            if aside is not None:
+                aside.close()
+        finally:
+            super().close()
 
     def read(self, timeout: float = 30.0) -> contextlib.AbstractContextManager[PgReads]:
         """A read unit: the block's reads run on one pooled connection. A database error is

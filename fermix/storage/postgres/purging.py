@@ -44,6 +44,10 @@ WAIT_S = 2.0
 
 _POLL_S = 0.05
 
+VACUUM_COST_DELAY_MS = 2
+"""The purge's vacuum pauses this long each time its cost limit is spent, as autovacuum does
+(PostgreSQL's default for it), instead of running at full speed as a manual VACUUM does."""
+
 _HOLDERS = (
     "SELECT (SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
     " AND backend_xmin IS NOT NULL AND xact_start < %s),"
@@ -79,6 +83,8 @@ def purge(connect: Callable[[], Conn]) -> Purge:
         tables = list(TABLES)
         if conn.execute("SELECT to_regclass('message_ann')").fetchone() not in (None, (None,)):
             tables.append("message_ann")
+        # Throttled as autovacuum is, so the appends beside it keep their pace (F3).
+        conn.execute(f"SET vacuum_cost_delay = '{VACUUM_COST_DELAY_MS}ms'")
         conn.execute(f"VACUUM {', '.join(tables)}")
         return Purge(True, log_clean_at=now_ms())
     except psycopg.Error as exc:

@@ -94,6 +94,11 @@ class Database(GroupCommitted):
         """A SQLite file is this machine's alone."""
         return False
 
+    @property
+    def writes_aside(self) -> bool:
+        """One writer at a time: :meth:`write_aside` is :meth:`write`."""
+        return False
+
     def purge(self, *, since_ms: int | None = None) -> Purge:
         """Checkpoint the log and truncate it, then look at Litestream's local files (F3;
         :mod:`~fermix.storage.sqlite.purging`)."""
