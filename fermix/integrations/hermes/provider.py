@@ -320,12 +320,26 @@ class FermixMemoryProvider(MemoryProvider):  # type: ignore[misc]
             self._stored.add(turn.ident)
             self._turns += 1
 
+    def _store_last(self, messages: list[dict[str, Any]]) -> None:
+        """Store the last turn of ``messages`` if it is complete and not stored yet: its
+        ``sync_turn`` is queued on Hermes's worker and may not have run."""
+        start = turns.last_user_index(messages)
+        if start is None:
+            return
+        raw = turns.text_of(messages[start].get("content"))
+        user_text = extract_user_instruction_from_skill_message(raw)  # as Hermes's sync does
+        turn = turns.completed(self._session_id, messages, user_text) if user_text else None
+        if turn is not None:
+            self._store(turn)
+
     def on_pre_compress(self, messages: list[dict[str, Any]]) -> str:
-        """Compact fermix's window too (forced), and give Hermes's compressor fermix's
-        summary of it; empty when fermix did not compact (nothing to, or no model)."""
+        """Compact fermix's window too (forced), the last turn stored first, and give
+        Hermes's compressor fermix's summary of it; empty when fermix did not compact
+        (nothing to summarize, or no model)."""
         conv, memory = self._conv, self._memory
         if not self._writes or conv is None or memory is None:
             return ""
+        self._store_last(messages)
         result = memory.compact(conv, force=True)
         if result.status != "compacted":
             log.info("fermix compaction before Hermes's: %s %s", result.status, result.reason)
@@ -344,13 +358,7 @@ class FermixMemoryProvider(MemoryProvider):  # type: ignore[misc]
         conv, memory = self._conv, self._memory
         if not self._writes or conv is None or memory is None:
             return
-        start = turns.last_user_index(messages or [])
-        if start is not None:
-            raw = turns.text_of(messages[start].get("content"))
-            user_text = extract_user_instruction_from_skill_message(raw)
-            turn = turns.completed(self._session_id, messages, user_text) if user_text else None
-            if turn is not None:
-                self._store(turn)
+        self._store_last(messages or [])
         result = memory.review(conv, force=True)
         log.info(
             "fermix review at the session's end: %s (%d messages, %d added, %d replaced)",
