@@ -168,6 +168,7 @@ class FermixMemoryProvider(MemoryProvider):  # type: ignore[misc]
         raises its typed error; Hermes logs it and goes on without this provider's
         memory (every later call then does nothing, and tools answer an error).
         """
+        self.shutdown()  # initialized again: let go of what the last one opened
         hermes_home = kwargs.get("hermes_home")
         if isinstance(hermes_home, str) and hermes_home:
             self._hermes_home = hermes_home
