@@ -17,11 +17,14 @@ When no step is left the server answers with :attr:`ModelServer.default`.
 :data:`EMBEDDING_DIM` floats (hashed character trigrams: texts that share words get close
 vectors), recorded in :attr:`ModelServer.embedding_requests`.
 
-Besides that, only ``POST /v1/chat/completions`` is served (anything else is a 404), and only with
-``stream`` false or absent: a streaming request gets a 400, because no caller of fermix
-streams a buffered call. litellm's ``metadata`` never goes over HTTP, so it is not in
-:attr:`ModelServer.requests`; everything the OpenAI client sends (model, messages, tools,
-response_format, reasoning_effort, max_tokens, ...) is.
+Besides that, only ``POST /v1/chat/completions`` is served (anything else is a 404). A
+request with ``stream: true`` (no caller of fermix streams, but a framework such as Hermes
+Agent always does) gets the same scripted completion as server-sent events: one chunk with
+the role and content, one per tool call, one with the finish reason, a usage chunk when
+``stream_options.include_usage`` asks for it, then ``data: [DONE]``; a failure or a hang
+is the same as for a buffered request. litellm's ``metadata`` never goes over HTTP, so it
+is not in :attr:`ModelServer.requests`; everything the OpenAI client sends (model, messages,
+tools, response_format, reasoning_effort, max_tokens, stream, ...) is.
 
 Run it in its own process with ``python tests/model_server.py --port 0 --script FILE``: it
 prints its URL on the first line of stdout and serves until it is interrupted. ``FILE``
@@ -127,6 +130,29 @@ def _completion(step: Step, request: dict[str, Any]) -> dict[str, Any]:
             "total_tokens": prompt + answer,
         },
     }
+
+
+def _stream_chunks(step: Step, request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The completion of ``step`` as ``chat.completion.chunk`` objects (``stream: true``)."""
+    whole = _completion(step, request)
+    choice = whole["choices"][0]
+
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            "id": whole["id"],
+            "object": "chat.completion.chunk",
+            "created": whole["created"],
+            "model": whole["model"],
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
+
+    chunks = [chunk({"role": "assistant", "content": step.content or ""})]
+    for index, call in enumerate(step.tool_calls):
+        chunks.append(chunk({"tool_calls": [{"index": index, **call}]}))
+    chunks.append(chunk({}, choice["finish_reason"]))
+    if (request.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**chunk({}), "choices": [], "usage": whole["usage"]})
+    return chunks
 
 
 def _error(status: int, message: str) -> dict[str, Any]:
@@ -298,9 +324,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         owner = self.server.model_server
         step = owner._take(body, {k.lower(): v for k, v in self.headers.items()})
-        if body.get("stream"):
-            self._send(400, _error(400, "the test model server does not stream"))
-        elif step.hang:
+        if step.hang:
             owner._wait_released(step)
             self.close_connection = True  # the client gave up long ago; answer nothing
         elif step.status != 200:
@@ -309,7 +333,10 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             if step.before is not None:
                 step.before()
-            self._send(200, _completion(step, body))
+            if body.get("stream"):
+                self._send_events(_stream_chunks(step, body))
+            else:
+                self._send(200, _completion(step, body))
 
     def _embeddings(self, raw: bytes) -> None:
         body = json.loads(raw or b"{}")
@@ -325,6 +352,16 @@ class _Handler(BaseHTTPRequestHandler):
             200,
             {"object": "list", "data": data, "model": body.get("model", ""), "usage": usage},
         )
+
+    def _send_events(self, chunks: list[dict[str, Any]]) -> None:
+        """Answer with ``chunks`` as server-sent events, then ``[DONE]``, in one write."""
+        events = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+        data = "".join(events).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _send(self, status: int, payload: Any) -> None:
         data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         chat,
         config_cmd,
         doctor,
+        hermes_cmd,
         index,
         job,
         mcp_cmd,
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     restore.register(sub)
     token.register(sub)
     index.register(sub)
+    hermes_cmd.register(sub)
     return parser
 
 
