@@ -99,13 +99,14 @@ def script_turns(model_server: ModelServer) -> None:
     model_server.reply("You are a nurse in Porto.", prompt_tokens=345)
 
 
+ROLES = ["user", "assistant", "tool", "assistant", "user", "assistant"]
+"""The fermix roles of the two turns of :func:`script_turns`."""
+
+
 def assert_turns_stored(session: Recorded, memory: MemorySurface[Any]) -> None:
     """The two turns of :func:`script_turns` as fermix messages a hand-written host writes."""
     window = session.conversation.history()
-    assert [m.role for m in window] == ["user", "assistant", "tool", "assistant"] * 1 + [
-        "user",
-        "assistant",
-    ]
+    assert [m.role for m in window] == ROLES
     call = window[1].metadata["tool_calls"][0]
     assert call["type"] == "function" and call["function"]["name"] == "memory_store"
     assert json.loads(call["function"]["arguments"]) == {"key": "job", "value": "nurse in Porto"}
