@@ -217,6 +217,16 @@ class FermixSession(SessionABC):
             self.conversation.handle_command("/clear")
             self._needs_preflight = True
 
+    async def command(self, text: str) -> str | None:
+        """Run ``text`` if it is a fermix chat command (``/compact``, ``/new``, ``/clear``;
+        a guest's is refused, K4) and return the reply to send; None for anything else,
+        which the host gives the Runner."""
+        reply = await asyncio.to_thread(self.conversation.handle_command, text)
+        if reply is not None:
+            with self._lock:
+                self._needs_preflight = True
+        return reply
+
     async def forget(self) -> None:
         """Erase the conversation: its messages, the rows drawn from them and its state
         (``conversation.forget()``, F2; an operator token remote)."""

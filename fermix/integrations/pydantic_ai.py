@@ -160,6 +160,12 @@ class FermixHistory:
             if entry.head is not None:
                 head_id = stored.id
 
+    async def command(self, text: str) -> str | None:
+        """Run ``text`` if it is a fermix chat command (``/compact``, ``/new``, ``/clear``;
+        a guest's is refused, K4) and return the reply to send; None for anything else,
+        which the host gives the agent."""
+        return await asyncio.to_thread(self.conversation.handle_command, text)
+
     async def run(
         self, agent: Agent[Any, Any], user_prompt: str | None, **keywords: Any
     ) -> AgentRunResult[Any]:

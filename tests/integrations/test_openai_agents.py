@@ -11,6 +11,10 @@ import asyncio
 import concurrent.futures
 import copy
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -228,6 +232,8 @@ def test_i2_a_guest_turn_stays_a_guest_and_may_not_clear_the_window(
     ]
     with pytest.raises(AccessDeniedError, match="Only the operator"):
         run(session.clear_session())
+    assert run(session.command("/new")) == "Only the operator can use /new. Nothing was changed."
+    assert run(session.command("hello again")) is None
     assert len(run(session.get_items())) == 2
 
 
@@ -763,3 +769,63 @@ def test_i2_sdk_a_limit_cutting_a_tool_pair_drops_the_unmatched_output(
         {"role": "assistant", "content": "It is sunny."},
         {"role": "user", "content": "What about tomorrow?"},
     ]
+
+
+# -- the docs' host runs as written (I6) -----------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "openai-agents.md"
+
+
+def doc_host(path: Path) -> str:
+    """The one ```python block of a docs page."""
+    blocks = re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.DOTALL)
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def doc_env(model_server: ModelServer, home: Path) -> dict[str, str]:
+    """What the host is given: the model server as OpenAI, the test's home."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "FERMIX_HOME": str(home),
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": model_server.url,
+        "OPENAI_API_BASE": model_server.url,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    if "PYTHONPATH" in os.environ:  # a worktree's fermix, not the installed one
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+@pytest.mark.slow  # a fresh python importing the SDK and litellm
+def test_i2_the_docs_host_runs_as_written_with_a_memory_tool_call(
+    model_server: ModelServer, home: Path
+) -> None:
+    model_server.reply_tool_call("memory_store", {"key": "job", "value": "nurse in Porto"})
+    model_server.reply("Nice to meet you, Ana!")
+    done = subprocess.run(
+        [sys.executable, "-c", doc_host(DOC)],
+        capture_output=True,
+        text=True,
+        env=doc_env(model_server, home),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Nice to meet you, Ana!"
+    assert [m["role"] for m in model_server.requests[1]["messages"]][-3:] == [
+        "user",
+        "assistant",
+        "tool",
+    ]
+    with Memory(home) as memory:
+        conv = memory.conversation("assistant", "telegram", "42", owner_id="me")
+        assert [(m.role, m.trust) for m in conv.history()] == [
+            ("user", "operator"),
+            ("assistant", "operator"),
+            ("tool", "operator"),
+            ("assistant", "operator"),
+        ]
+        assert [r.value for r in memory.list_rows(agent_id="assistant", key="job")] == [
+            "nurse in Porto"
+        ]

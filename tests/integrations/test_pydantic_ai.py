@@ -9,6 +9,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -194,6 +198,11 @@ def test_i4_a_guest_turn_stays_a_guest(memory: Memory, model_server: ModelServer
         ("user", "bob", "guest"),
         ("assistant", "bob", "guest"),
     ]
+    assert (
+        run(history.command("/clear")) == "Only the operator can use /clear. Nothing was changed."
+    )
+    assert run(history.command("hello again")) is None
+    assert len(run(history.messages(preflight=False))) == 2
 
 
 class City(BaseModel):
@@ -326,3 +335,49 @@ def test_i4_a_batch_fermix_would_refuse_is_refused_whole_and_nothing_is_stored(
     with pytest.raises(InvalidInputError):
         run(history.save(["not a message"]))  # type: ignore[list-item]
     assert history.conversation.history() == []
+
+
+# -- the docs' host runs as written (I6) -----------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "pydantic-ai.md"
+
+
+@pytest.mark.slow  # a fresh python importing pydantic-ai and litellm
+def test_i4_the_docs_host_runs_as_written_with_a_memory_tool_call(
+    model_server: ModelServer, home: Path
+) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)
+    assert len(blocks) == 1
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "FERMIX_HOME": str(home),
+        "OPENAI_API_KEY": "sk-test",
+        "OPENAI_BASE_URL": model_server.url,
+        "OPENAI_API_BASE": model_server.url,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    if "PYTHONPATH" in os.environ:  # a worktree's fermix, not the installed one
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    model_server.reply_tool_call("memory_store", {"key": "job", "value": "nurse in Porto"})
+    model_server.reply("Nice to meet you, Ana!")
+    done = subprocess.run(
+        [sys.executable, "-c", blocks[0]], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Nice to meet you, Ana!"
+    assert [m["role"] for m in model_server.requests[1]["messages"]][-3:] == [
+        "user",
+        "assistant",
+        "tool",
+    ]
+    with Memory(home) as memory:
+        conv = memory.conversation("assistant", "telegram", "42", owner_id="me")
+        assert [(m.role, m.trust) for m in conv.history()] == [
+            ("user", "operator"),
+            ("assistant", "operator"),
+            ("tool", "operator"),
+            ("assistant", "operator"),
+        ]
+        assert [r.value for r in memory.list_rows(agent_id="assistant", key="job")] == [
+            "nurse in Porto"
+        ]
