@@ -230,7 +230,7 @@ def remote_history(server: ServerProcess) -> Iterator[tuple[ServerProcess, Any]]
 def test_i3_n4_the_history_over_a_client_keeps_turns_and_a_host_token_stays_guest(
     remote_history: tuple[ServerProcess, Any],
 ) -> None:
-    server, client = remote_history
+    _server, client = remote_history
     conv: ConversationSurface = client.conversation(AGENT, "web", "remote", owner_id="alice")
     histories = {"r": FermixChatMessageHistory(conv)}
     runnable, seen = chain_with_history([AIMessage("one"), AIMessage("two")], histories)
