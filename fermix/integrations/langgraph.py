@@ -8,16 +8,12 @@ for the surface both offer (:mod:`fermix.surface`).
 
 **Namespaces are scopes.** A namespace names one place a row can be, exactly:
 
-==================================================  ==========================================
-namespace                                           fermix row
-==================================================  ==========================================
-``("owner", OWNER)``                                owner scope of OWNER (the owner's profile)
-``("agent",)``                                      agent scope, owner ``""``: shared by every
-                                                    owner of the agent; written by an operator
-``("agent", OWNER)``                                agent scope, kept to OWNER
-``("conversation", OWNER, CHANNEL, CHAT[, THREAD])``  that conversation's scope, of OWNER
-``("job", OWNER, SOURCE_ID)``                       a scheduled job's scope (its source's id)
-==================================================  ==========================================
+- ``("owner", OWNER)``: the owner scope of OWNER (the owner's profile);
+- ``("agent",)``: the agent scope, owner ``""``, shared by every owner of the agent and
+  written by an operator only;
+- ``("agent", OWNER)``: the agent scope, kept to OWNER;
+- ``("conversation", OWNER, CHANNEL, CHAT[, THREAD])``: that conversation's scope, of OWNER;
+- ``("job", OWNER, SOURCE_ID)``: a scheduled job's scope (its memory source's id).
 
 Any other namespace maps to nothing and is an :class:`UnmappedNamespaceError`, both a
 fermix :class:`~fermix.errors.InvalidInputError` and LangGraph's
