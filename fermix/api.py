@@ -48,6 +48,7 @@ from fermix.model import (
     Resource,
     Revision,
     ScheduledJob,
+    Scope,
     check_trust,
 )
 from fermix.runtime import jobs
@@ -330,6 +331,91 @@ class Memory:
         if written.error is not None:
             raise WriteFailedError(written.error)
         return written.rows[0]
+
+    # -- a host's own rows at a scope it names (SC1-SC3; LangGraph's store) ----------------
+
+    def put_row(
+        self,
+        agent_id: str,
+        key: str,
+        value: str,
+        *,
+        scope: Scope,
+        owner_id: str = "",
+        trust: str | None = None,
+        source: str = "host",
+    ) -> MemoryRow:
+        """Store ``value`` under ``key`` at ``scope`` as a row of ``owner_id``, replacing
+        that key's value there (an archived row comes back); returns it once committed.
+
+        For a host that keeps items of its own (a framework's store): the row is
+        ``context`` with no promote target, so it renders into no prompt file (as
+        ``memory_store``'s), and records ``source_type = "host"`` and ``source`` as its
+        provenance. ``scope`` must be the owner's (``Scope("owner", ...)`` of
+        ``owner_id``, ``"_default"`` for ``""``), this agent's, a conversation's (its
+        key's ``scope_id``) or a job's of this agent and owner. ``trust`` is the writer's,
+        by default as in :meth:`conversation` (a guest unless the config names the
+        owner): the agent's shared rows (agent scope, owner ``""``) need ``operator``,
+        else an :class:`~fermix.errors.AccessDeniedError`, and nothing is written.
+        """
+        self._runtime.check_running()
+        return self._runtime.put_row(
+            agent_id=agent_id,
+            owner_id=owner_id,
+            scope=scope,
+            key=key,
+            value=value,
+            trust=self.config.trust_of(owner_id) if trust is None else trust,
+            source=source,
+        )
+
+    def archive_row(
+        self,
+        agent_id: str,
+        key: str,
+        *,
+        scope: Scope,
+        owner_id: str = "",
+        trust: str | None = None,
+        source: str = "host",
+    ) -> MemoryRow | None:
+        """Archive the live row under ``key`` at ``scope`` of ``owner_id`` (S7): what a
+        host's delete is. Returns the archived row, or None when there was none. The same
+        rules as :meth:`put_row`; ``archived_by`` is ``source``. :meth:`restore_row` brings
+        it back, ``[fermix_core.retention] archived_days`` drops it, :meth:`forget_memory`
+        erases it now."""
+        self._runtime.check_running()
+        return self._runtime.archive_row(
+            agent_id=agent_id,
+            owner_id=owner_id,
+            scope=scope,
+            key=key,
+            trust=self.config.trust_of(owner_id) if trust is None else trust,
+            source=source,
+        )
+
+    def recall_rows(
+        self,
+        query: str,
+        *,
+        agent_id: str,
+        owner_id: str | None = None,
+        scope: Scope | None = None,
+        scope_type: str | None = None,
+        limit: int = 10,
+    ) -> list[MemoryRow]:
+        """Live rows of ``agent_id`` matching ``query``, best first, as ``memory_recall``
+        finds them: full-text and vector search fused (Q3), within ``owner_id`` and one
+        ``scope`` or every scope of ``scope_type`` when given (at most 1000)."""
+        self._runtime.check_running()
+        return self._runtime.recall_rows(
+            query,
+            agent_id=agent_id,
+            owner_id=owner_id,
+            scope=scope,
+            scope_type=scope_type,
+            limit=limit,
+        )
 
     # -- forgetting (F1-F5, F8) -----------------------------------------------------------
 

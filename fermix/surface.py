@@ -43,6 +43,7 @@ from fermix.model import (
     Resource,
     Revision,
     ScheduledJob,
+    Scope,
 )
 
 __all__ = ["ConversationSurface", "MemorySurface", "ToolsSurface"]
@@ -281,6 +282,49 @@ class MemorySurface(Protocol[C]):
 
     def restore_row(self, memory_id: int) -> MemoryRow:
         """Un-archive row ``memory_id`` and rebuild its prompt files."""
+        ...
+
+    # -- a host's own rows at a scope it names (SC1-SC3) --------------------------------
+
+    def put_row(
+        self,
+        agent_id: str,
+        key: str,
+        value: str,
+        *,
+        scope: Scope,
+        owner_id: str = "",
+        trust: str | None = None,
+        source: str = "host",
+    ) -> MemoryRow:
+        """Store ``value`` under ``key`` at ``scope`` for ``owner_id``: a row that renders
+        into no prompt file, with the writer's trust (shared rows need ``operator``)."""
+        ...
+
+    def archive_row(
+        self,
+        agent_id: str,
+        key: str,
+        *,
+        scope: Scope,
+        owner_id: str = "",
+        trust: str | None = None,
+        source: str = "host",
+    ) -> MemoryRow | None:
+        """Archive the live row under ``key`` at ``scope``; it, or None when there was none."""
+        ...
+
+    def recall_rows(
+        self,
+        query: str,
+        *,
+        agent_id: str,
+        owner_id: str | None = None,
+        scope: Scope | None = None,
+        scope_type: str | None = None,
+        limit: int = 10,
+    ) -> list[MemoryRow]:
+        """Live rows matching ``query``, best first: full-text and vectors fused (Q3)."""
         ...
 
     # -- forgetting and export (F1, F2, F6) ---------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import unquote
 
 from fermix.errors import AccessDeniedError, InvalidInputError
 from fermix.model import (
@@ -91,6 +92,56 @@ def reviewer_scope(category: str, *, agent_id: str, owner_id: str, trust: str) -
     if TARGET_OF[category] == USER_MD:
         return owner_scope(owner_id), owner_id
     return agent_scope(agent_id), "" if trust == "operator" else owner_id
+
+
+HOST_CATEGORY: Final = "context"
+"""The category of the rows a host writes (:func:`check_host_row`); with no promote target
+they render into no prompt file, as ``memory_store``'s (T1)."""
+
+
+def conversation_key_of(agent_id: str, scope_id: str) -> ConversationKey:
+    """The conversation whose scope id is ``scope_id`` (the inverse of
+    :attr:`ConversationKey.scope_id`); an :class:`InvalidInputError` for an id no key has."""
+    parts = scope_id.split(":")
+    if len(parts) in (2, 3):
+        key = ConversationKey(agent_id, *(unquote(part) for part in parts))
+        if key.scope_id == scope_id:
+            return key
+    raise InvalidInputError(
+        f"scope_id {scope_id[:80]!r} is not a conversation's (CHANNEL:CHAT_ID[:THREAD],"
+        " each part percent-encoded)"
+    )
+
+
+def check_host_row(scope: Scope, *, agent_id: str, owner_id: str, trust: str) -> None:
+    """Whether a host may write or archive its own row of ``owner_id`` at ``scope`` with
+    ``trust`` (SC1-SC3, M1, M2); raises, naming the rule, before anything is written.
+
+    The scope must be one the row's owner has: an owner scope is that owner's profile, an
+    agent scope this agent's, a conversation scope the id of a conversation key. The
+    agent's shared rows (agent scope, owner ``""``) reach every owner's recall, so only
+    an operator writes or archives them (:class:`AccessDeniedError`), as the reviewer
+    shares only what an operator said; a guest keeps to its own rows. A job scope's
+    source is checked against the database by the caller.
+    """
+    check_trust(trust)
+    if scope.type == "owner" and scope.id != owner_scope_id(owner_id):
+        raise InvalidInputError(
+            f"an owner-scoped row is its owner's: owner {owner_id!r} has scope id"
+            f" {owner_scope_id(owner_id)!r}, not {scope.id!r}"
+        )
+    if scope.type == "agent":
+        if scope.id != agent_id:
+            raise InvalidInputError(
+                f"agent {agent_id!r} has agent scope id {agent_id!r}, not {scope.id!r}"
+            )
+        if owner_id == "" and trust != "operator":
+            raise AccessDeniedError(
+                f"the agent's shared rows are the operator's: a {trust} may write only"
+                " its own (name its owner_id)"
+            )
+    if scope.type == "conversation":
+        conversation_key_of(agent_id, scope.id)
 
 
 def renders(row: MemoryRow, *, agent_id: str, owner_id: str) -> bool:

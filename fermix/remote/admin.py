@@ -30,6 +30,7 @@ from fermix.model import (
     Resource,
     Revision,
     ScheduledJob,
+    Scope,
 )
 
 __all__ = ["AdminCalls"]
@@ -48,6 +49,7 @@ class _Requests(Protocol):
         *,
         json: Any = None,
         params: Mapping[str, Any] | None = None,
+        idempotent: bool | None = None,
     ) -> Any: ...
 
     def download(
@@ -81,6 +83,22 @@ def _agent(agent_id: str | None, method: str) -> str:
     if agent_id is None:
         raise InvalidInputError(f"{method} over HTTP needs agent_id: a token acts for its agents")
     return agent_id
+
+
+def _host_row(
+    owner_id: str, scope: Scope, key: str, trust: str | None, source: str
+) -> dict[str, Any]:
+    """The body naming a host's row: its owner, scope and key, the trust asked, the host."""
+    if not isinstance(scope, Scope):
+        raise InvalidInputError(f"scope must be a Scope, not {type(scope).__name__}")
+    return {
+        "owner_id": owner_id,
+        "scope_type": scope.type,
+        "scope_id": scope.id,
+        "key": key,
+        "trust": trust,
+        "source": source,
+    }
 
 
 class AdminCalls:
@@ -155,6 +173,66 @@ class AdminCalls:
         """Un-archive row ``memory_id`` and rebuild its prompt files (operator token)."""
         data = self._http.request("POST", f"/v1/memories/{memory_id}/restore")
         return wire.row_from_json(data)
+
+    # -- a host's own rows at a scope it names (SC1-SC3) --------------------------------
+
+    def put_row(
+        self,
+        agent_id: str,
+        key: str,
+        value: str,
+        *,
+        scope: Scope,
+        owner_id: str = "",
+        trust: str | None = None,
+        source: str = "host",
+    ) -> MemoryRow:
+        """Store a host's row at ``scope`` (as the embedded one; a host token writes as a
+        guest, so the agent's shared rows need an operator token asking ``operator``).
+        Sending it again stores the same row: a retry is harmless."""
+        body = _host_row(owner_id, scope, key, trust, source) | {"value": value}
+        path = f"/v1/agents/{_seg(agent_id)}/memories/put"
+        return wire.row_from_json(self._http.request("POST", path, json=body, idempotent=True))
+
+    def archive_row(
+        self,
+        agent_id: str,
+        key: str,
+        *,
+        scope: Scope,
+        owner_id: str = "",
+        trust: str | None = None,
+        source: str = "host",
+    ) -> MemoryRow | None:
+        """Archive a host's row by its key at ``scope``; the archived row, or None when
+        no live row had the key (a retry after a lost answer then finds None)."""
+        body = _host_row(owner_id, scope, key, trust, source)
+        path = f"/v1/agents/{_seg(agent_id)}/memories/archive"
+        data = self._http.request("POST", path, json=body, idempotent=True)
+        row = data["memory"]
+        return None if row is None else wire.row_from_json(row)
+
+    def recall_rows(
+        self,
+        query: str,
+        *,
+        agent_id: str,
+        owner_id: str | None = None,
+        scope: Scope | None = None,
+        scope_type: str | None = None,
+        limit: int = 10,
+    ) -> list[MemoryRow]:
+        """Rows of ``agent_id`` matching ``query``, best first, as ``memory_recall`` finds
+        them (full-text and vectors fused, Q3)."""
+        if scope is not None and scope_type is not None:
+            raise InvalidInputError("give a scope or a scope_type, not both")
+        if not query.strip():
+            return []  # as the embedded recall: no words find nothing
+        where = scope_type if scope is None else f"{scope.type}:{scope.id}"
+        params = _params(q=query, owner_id=owner_id, scope=where, limit=limit)
+        path = f"/v1/agents/{_seg(agent_id)}/memories/recall"
+        data = self._http.request("GET", path, params=params)
+        return [wire.row_from_json(row) for row in data["memories"]]
 
     # -- forgetting and export (F1, F2, F6): operator token ----------------------------
 

@@ -55,7 +55,7 @@ from fermix.model import (
     NewMessage,
     PendingAppend,
 )
-from fermix.runtime import exporting, recall
+from fermix.runtime import exporting, host_rows, recall
 from fermix.runtime.access import Tokens
 from fermix.runtime.composition import Services, build
 from fermix.runtime.prompt_files import FileResult
@@ -285,6 +285,18 @@ class Runtime:
         """The memory server's bearer tokens of this home (N2)."""
         services = self._running()
         return Tokens(services.storage, services.writer)
+
+    def put_row(self, **row: Any) -> MemoryRow:
+        """Store a host's row at the scope it names (:func:`host_rows.put_row`)."""
+        return host_rows.put_row(self._running().writer, **row)
+
+    def archive_row(self, **row: Any) -> MemoryRow | None:
+        """Archive a host's row by its key (:func:`host_rows.archive_row`)."""
+        return host_rows.archive_row(self._running().writer, **row)
+
+    def recall_rows(self, query: str, **filters: Any) -> list[MemoryRow]:
+        """Rows matching ``query``, full-text and vectors fused (:func:`host_rows.recall_rows`)."""
+        return host_rows.recall_rows(self._running().storage, query, **filters)
 
     def run_tool(self, call: ToolCall, caller: recall.Caller) -> dict[str, Any]:
         """Run one checked memory tool call for ``caller`` (T1-T4)."""

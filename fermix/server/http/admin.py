@@ -17,11 +17,14 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 
-from fermix import model, wire
+from fermix import model, validate, wire
 from fermix.api import Memory
-from fermix.errors import InvalidInputError
+from fermix.core.categories import check_host_row
+from fermix.errors import AccessDeniedError, InvalidInputError, NotFoundError
 from fermix.model import ApiToken, JobCaller, JobRun, ScheduledJob, Scope
 from fermix.server.http.admin_models import (
+    ArchivedRow,
+    ArchiveRowIn,
     FinishIn,
     JobCallerOut,
     JobIn,
@@ -29,6 +32,7 @@ from fermix.server.http.admin_models import (
     Jobs,
     MemoryRowOut,
     MemoryRows,
+    PutRowIn,
     ResourceOut,
     Resources,
     RevisionOut,
@@ -150,6 +154,95 @@ def search_memories(
         limit=limit,
     )
     return _rows(rows)
+
+
+@router.get("/agents/{agent_id}/memories/recall", response_model=MemoryRows, tags=["memory rows"])
+def recall_memories(
+    agent_id: AgentId,
+    token: Caller,
+    memory: MemoryDep,
+    q: Annotated[str, Query(min_length=1, max_length=20_000, description="What to look for.")],
+    owner_id: Annotated[str | None, Query(description="Only this owner's rows.")] = None,
+    scope: Annotated[
+        str | None, Query(description="TYPE or TYPE:ID (owner, agent, conversation, job).")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many.")] = 10,
+) -> MemoryRows:
+    """The agent's live rows matching ``q``, best first, as ``memory_recall`` finds them:
+    full-text and vector search fused (Q3; ``Memory.recall_rows``)."""
+    require_agent(token, agent_id, field="path.agent_id")
+    scope_type, scopes = _scope(scope)
+    rows = memory.recall_rows(
+        q,
+        agent_id=agent_id,
+        owner_id=owner_id,
+        scope=scopes[0] if scopes else None,
+        scope_type=scope_type,
+        limit=limit,
+    )
+    return _rows(rows)
+
+
+def _host_row(
+    agent_id: str, body: PutRowIn | ArchiveRowIn, token: ApiToken, memory: Memory
+) -> tuple[Scope, str]:
+    """The scope and trust of a host's row, checked before anything is written, each
+    refusal naming its field (SC1-SC3, N2): a host token writes as a guest, and the
+    agent's shared rows need an operator token asking for ``operator``."""
+    require_agent(token, agent_id, field="path.agent_id")
+    trust = trust_for(token, memory, body.owner_id, body.trust, field="body.trust")
+    for name in ("owner_id", "source"):
+        try:
+            validate.identifier(name, getattr(body, name), allow_empty=name == "owner_id")
+        except InvalidInputError as exc:
+            raise ApiError(422, str(exc), field=f"body.{name}") from None
+    try:
+        scope = Scope(body.scope_type, body.scope_id)
+        check_host_row(scope, agent_id=agent_id, owner_id=body.owner_id, trust=trust)
+    except AccessDeniedError as exc:
+        raise ApiError(403, str(exc), field="body.owner_id") from None
+    except InvalidInputError as exc:
+        raise ApiError(422, str(exc), field="body.scope_id") from None
+    return scope, trust
+
+
+@router.post("/agents/{agent_id}/memories/put", response_model=MemoryRowOut, tags=["memory rows"])
+def put_memory(agent_id: AgentId, body: PutRowIn, token: Caller, memory: MemoryDep) -> MemoryRowOut:
+    """Store a host's row at the scope it names, replacing that key's value there
+    (``Memory.put_row``): ``context`` with no promote target, so it renders into no
+    prompt file; its provenance is ``source_type = host`` and ``source``."""
+    scope, trust = _host_row(agent_id, body, token, memory)
+    try:
+        row = memory.put_row(
+            agent_id,
+            body.key,
+            body.value,
+            scope=scope,
+            owner_id=body.owner_id,
+            trust=trust,
+            source=body.source,
+        )
+    except NotFoundError as exc:
+        raise ApiError(404, str(exc), field="body.scope_id") from None
+    return MemoryRowOut(**wire.to_json(row))
+
+
+@router.post(
+    "/agents/{agent_id}/memories/archive", response_model=ArchivedRow, tags=["memory rows"]
+)
+def archive_memory(
+    agent_id: AgentId, body: ArchiveRowIn, token: Caller, memory: MemoryDep
+) -> ArchivedRow:
+    """Archive a host's row by its key at the scope it names (``Memory.archive_row``,
+    S7); ``memory`` is null when no live row had the key."""
+    scope, trust = _host_row(agent_id, body, token, memory)
+    try:
+        row = memory.archive_row(
+            agent_id, body.key, scope=scope, owner_id=body.owner_id, trust=trust, source=body.source
+        )
+    except NotFoundError as exc:
+        raise ApiError(404, str(exc), field="body.scope_id") from None
+    return ArchivedRow.model_validate({"memory": None if row is None else wire.to_json(row)})
 
 
 def _own_row(memory: Memory, token: ApiToken, memory_id: int) -> model.MemoryRow:

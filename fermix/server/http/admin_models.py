@@ -130,6 +130,44 @@ class MemoryRows(BaseModel):
     memories: list[MemoryRowOut]
 
 
+class _HostRow(_Body):
+    """Where a host's row lives: its owner, its scope, its key (SC1)."""
+
+    owner_id: str = Field("", description="The row's owner; '' for the agent's shared rows.")
+    scope_type: Literal["owner", "agent", "conversation", "job"] = Field(
+        description="owner (the owner's profile), agent, conversation or job."
+    )
+    scope_id: str = Field(
+        description=(
+            "owner: the owner id ('_default' for ''); agent: the agent id; conversation:"
+            " CHANNEL:CHAT_ID[:THREAD] percent-encoded; job: its memory source id."
+        )
+    )
+    key: str = Field(min_length=1, max_length=200, description="Unique within the scope.")
+    trust: Literal["operator", "guest"] | None = Field(
+        None, description="operator needs an operator token; a host token is a guest."
+    )
+    source: str = Field(
+        "host", min_length=1, max_length=200, description="The host's name, its provenance."
+    )
+
+
+class PutRowIn(_HostRow):
+    """``POST /agents/{agent_id}/memories/put``: a host's row to store (or replace)."""
+
+    value: str = Field(min_length=1, max_length=10_000, description="What to remember.")
+
+
+class ArchiveRowIn(_HostRow):
+    """``POST /agents/{agent_id}/memories/archive``: a host's row to archive (S7)."""
+
+
+class ArchivedRow(BaseModel):
+    """The row archived, or null when no live row had the key (nothing changed)."""
+
+    memory: MemoryRowOut | None = Field(description="The archived row, or null.")
+
+
 class Resources(BaseModel):
     """The agent's prompt-file resources, by owner and name."""
 
