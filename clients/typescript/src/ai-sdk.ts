@@ -42,7 +42,7 @@ import { jsonSchema, tool, type LanguageModelMiddleware, type ToolSet } from "ai
 
 import type { Client } from "./client.js";
 import type { Conversation } from "./conversation.js";
-import { InvalidInputError } from "./errors.js";
+import { ConflictError, InvalidInputError } from "./errors.js";
 import { newKey } from "./conversation.js";
 import type { ComposedMessage, Trust } from "./types.js";
 
@@ -211,13 +211,25 @@ async function begin(
   const files = user.content.flatMap((part) =>
     part.type === "file" ? [{ mediaType: part.mediaType, ...(part.filename ? { filename: part.filename } : {}) }] : [],
   );
-  await conv.appendUser(textOf(user.content), {
+  const author = said.ownerId ?? conv.ownerId;
+  const stored = await conv.appendKeyed("user", textOf(user.content), {
+    sender: said.sender || author,
     ...(said.ownerId === undefined ? {} : { ownerId: said.ownerId }),
-    ...(said.sender === undefined ? {} : { sender: said.sender }),
     ...(said.trust === undefined ? {} : { trust: said.trust }),
     metadata: files.length ? { files } : {},
     clientKey: key,
   });
+  if (stored.replayed) {
+    // The host sent this message before (a redelivered update). A turn that stopped
+    // before its reply runs again; one that went on is not run twice.
+    const window = await conv.history();
+    if (window.at(-1)?.id !== stored.message.id) {
+      throw new ConflictError(
+        `the message under client key ${JSON.stringify(key)} was answered already: its turn is not run again`,
+        { field: "providerOptions.fermix.clientKey" },
+      );
+    }
+  }
   return { key, storedPrompt: 1, storedWindow: 1, peak: null };
 }
 

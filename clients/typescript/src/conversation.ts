@@ -49,6 +49,12 @@ export type AppendUserOptions = Pick<AppendOptions, "sender" | "metadata" | "own
 /** What the assistant's own message may carry. */
 export type AppendAssistantOptions = Pick<AppendOptions, "metadata" | "clientKey">;
 
+/** A stored message, and whether it was stored before under its client key (N3). */
+export interface AppendResult {
+  message: Message;
+  replayed: boolean;
+}
+
 /** The usage of a turn: the provider's, of which only `prompt_tokens` is read (K3). */
 export interface TurnUsage {
   prompt_tokens?: number | null;
@@ -84,6 +90,12 @@ export class Conversation {
   /** Store a message; answers once the server committed it (A1). A retried request never
    * doubles history: it carries `clientKey`, or a fresh key made here (N3). */
   async append(role: Role, text: string, options: AppendOptions = {}): Promise<Message> {
+    return (await this.appendKeyed(role, text, options)).message;
+  }
+
+  /** As `append`, saying too whether the server had the message already under its client
+   * key (`replayed`: a 200 with `Idempotent-Replayed`, nothing stored now; N3). */
+  async appendKeyed(role: Role, text: string, options: AppendOptions = {}): Promise<AppendResult> {
     const body: AppendBody = {
       role,
       text,
@@ -95,7 +107,8 @@ export class Conversation {
       trust: options.trust ?? null,
       client_key: options.clientKey ?? newKey(),
     };
-    return this.#http.request<Message>("POST", `${this.#path}/messages`, { json: body, idempotent: true });
+    const answer = await this.#http.send<Message>("POST", `${this.#path}/messages`, { json: body, idempotent: true });
+    return { message: answer.data, replayed: answer.headers.get("idempotent-replayed") === "true" };
   }
 
   /** Store what a user said, recording who said it and with what trust (M1). */

@@ -10,6 +10,7 @@ export {
   newKey,
   type AppendAssistantOptions,
   type AppendOptions,
+  type AppendResult,
   type AppendUserOptions,
   type TurnUsage,
 } from "./conversation.js";
