@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docs_page import section
 from factories import config_for
 from model_server import ModelServer
 from server_fixtures import ServerProcess, StartServer
@@ -38,7 +39,6 @@ from fermix.integrations.hermes import settings, turns
 from fermix.model import Message
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "docs" / "integrations" / "hermes.md"
 HERMES_MODEL = "hermes-model"
 """The model Hermes's own calls name: the model server routes its steps by it."""
 REVIEWER = "fermix-reviewer"
@@ -490,9 +490,9 @@ def test_i1_the_provider_runs_against_the_memory_server_with_a_host_token(
 
 
 def _docs_host() -> str:
-    text = DOCS.read_text(encoding="utf-8")
-    section = text[text.index("### A complete host") :]
-    match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    text = section("Hermes Agent (I1)")
+    host = text[text.index("### A complete host") :]
+    match = re.search(r"```python\n(.*?)```", host, re.DOTALL)
     assert match is not None
     return match.group(1)
 

@@ -23,6 +23,7 @@ from typing import Any, TypedDict
 
 import openai
 import pytest
+from docs_page import section
 from fastapi.testclient import TestClient
 from langgraph.config import get_store
 from langgraph.graph import END, START, StateGraph
@@ -45,7 +46,6 @@ from fermix.model import ConversationKey, Provenance, Scope
 from fermix.server.http.app import create_app
 
 AGENT = "assistant"
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "langgraph.md"
 
 
 def store_of(memory: Any, **keywords: Any) -> FermixStore:
@@ -620,7 +620,7 @@ def test_i3_n4_the_store_over_a_client_with_host_and_operator_tokens(
 
 
 def _docs_host() -> str:
-    match = re.search(r"```python\n(.*?)```", DOCS.read_text(encoding="utf-8"), re.DOTALL)
+    match = re.search(r"```python\n(.*?)```", section("LangGraph and LangChain (I3)"), re.DOTALL)
     assert match is not None
     return match.group(1)
 

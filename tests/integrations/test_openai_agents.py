@@ -31,6 +31,7 @@ from agents import (
     TResponseInputItem,
     set_tracing_disabled,
 )
+from docs_page import section
 from factories import StartMemory, config_for
 from model_server import ModelServer
 from openai import AsyncOpenAI
@@ -773,12 +774,11 @@ def test_i2_sdk_a_limit_cutting_a_tool_pair_drops_the_unmatched_output(
 
 # -- the docs' host runs as written (I6) -----------------------------------------------------
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "openai-agents.md"
 
 
-def doc_host(path: Path) -> str:
-    """The one ```python block of a docs page."""
-    blocks = re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), re.DOTALL)
+def doc_host(heading: str) -> str:
+    """The one ```python block of a section of docs/integrations.md."""
+    blocks = re.findall(r"```python\n(.*?)```", section(heading), re.DOTALL)
     assert len(blocks) == 1
     return blocks[0]
 
@@ -805,7 +805,7 @@ def test_i2_the_docs_host_runs_as_written_with_a_memory_tool_call(
     model_server.reply_tool_call("memory_store", {"key": "job", "value": "nurse in Porto"})
     model_server.reply("Nice to meet you, Ana!")
     done = subprocess.run(
-        [sys.executable, "-c", doc_host(DOC)],
+        [sys.executable, "-c", doc_host("OpenAI Agents SDK (I2)")],
         capture_output=True,
         text=True,
         env=doc_env(model_server, home),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from docs_page import section
 from factories import StartMemory, config_for
 from model_server import ModelServer
 from pydantic import BaseModel
@@ -339,14 +340,13 @@ def test_i4_a_batch_fermix_would_refuse_is_refused_whole_and_nothing_is_stored(
 
 # -- the docs' host runs as written (I6) -----------------------------------------------------
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "integrations" / "pydantic-ai.md"
 
 
 @pytest.mark.slow  # a fresh python importing pydantic-ai and litellm
 def test_i4_the_docs_host_runs_as_written_with_a_memory_tool_call(
     model_server: ModelServer, home: Path
 ) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)
+    blocks = re.findall(r"```python\n(.*?)```", section("Pydantic AI (I4)"), re.DOTALL)
     assert len(blocks) == 1
     env = {
         "PATH": "/usr/bin:/bin",

@@ -4,7 +4,7 @@
 turn, its retries through a proxy that loses answers, the middleware through the real
 ``ai`` package's ``generateText`` and ``streamText``, the schema against the server's
 OpenAPI document, ``npm pack``). This wrapper starts the memory server those tests talk
-to, runs them, and asserts on their report; then it runs docs/integrations/typescript.md's
+to, runs them, and asserts on their report; then it runs docs/integrations.md's
 host as written, with the real ``@ai-sdk/openai`` provider pointed at the loopback model
 server, and reads what it stored back through the Python client.
 
@@ -21,13 +21,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from docs_page import section
 from factories import fact, other_process
 from model_server import ModelServer
 from server_fixtures import AGENT, ServerProcess, StartServer
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "clients" / "typescript"
-DOC = ROOT / "docs" / "integrations" / "typescript.md"
 SEEDED_OWNER = "seeded-ana"
 """An owner with a fact in USER.md, as a review would have stored it (the P1 test's)."""
 NODE_TIMEOUT_S = 240
@@ -119,17 +119,17 @@ def test_i5_n3_the_node_suite_passes_against_a_real_server(
 
 
 def _doc_host() -> str:
-    text = DOC.read_text(encoding="utf-8")
-    section = text[text.index("### A host") :]
-    match = re.search(r"```js\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "the host is gone from docs/integrations/typescript.md"
+    text = section("TypeScript and the Vercel AI SDK (I5)")
+    host = text[text.index("### A host") :]
+    match = re.search(r"```js\n(.*?)```", host, re.DOTALL)
+    assert match is not None, "the host is gone from docs/integrations.md"
     return match.group(1)
 
 
 def test_i5_the_docs_host_runs_as_written_with_the_ai_sdk_against_the_server(
     package: Path, start_server: StartServer, model_server: ModelServer
 ) -> None:
-    """docs/integrations/typescript.md's host, as written: ``generateText`` over the
+    """docs/integrations.md's host, as written: ``generateText`` over the
     middleware with ``@ai-sdk/openai`` on the loopback model server, a memory tool call,
     then the reply; what it stored is read back through the Python client (I5, M1, N3)."""
     server = start_server()

@@ -47,6 +47,70 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/memories/archive": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Archive Memory
+         * @description Archive a host's row by its key at the scope it names (``Memory.archive_row``,
+         *     S7); ``memory`` is null when no live row had the key.
+         */
+        post: operations["archive_memory_v1_agents__agent_id__memories_archive_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/memories/put": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Put Memory
+         * @description Store a host's row at the scope it names, replacing that key's value there
+         *     (``Memory.put_row``): ``context`` with no promote target, so it renders into no
+         *     prompt file; its provenance is ``source_type = host`` and ``source``.
+         */
+        post: operations["put_memory_v1_agents__agent_id__memories_put_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/memories/recall": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Recall Memories
+         * @description The agent's live rows matching ``q``, best first, as ``memory_recall`` finds them:
+         *     full-text and vector search fused (Q3; ``Memory.recall_rows``).
+         */
+        get: operations["recall_memories_v1_agents__agent_id__memories_recall_get"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent_id}/memories/search": {
         parameters: {
             query?: never;
@@ -840,6 +904,53 @@ export interface components {
             trust?: ("operator" | "guest") | null;
         };
         /**
+         * ArchivedRow
+         * @description The row archived, or null when no live row had the key (nothing changed).
+         */
+        ArchivedRow: {
+            /** @description The archived row, or null. */
+            memory: components["schemas"]["MemoryRowOut"] | null;
+        };
+        /**
+         * ArchiveRowIn
+         * @description ``POST /agents/{agent_id}/memories/archive``: a host's row to archive (S7).
+         */
+        ArchiveRowIn: {
+            /**
+             * Key
+             * @description Unique within the scope.
+             */
+            key: string;
+            /**
+             * Owner Id
+             * @description The row's owner; '' for the agent's shared rows.
+             * @default
+             */
+            owner_id: string;
+            /**
+             * Scope Id
+             * @description owner: the owner id ('_default' for ''); agent: the agent id; conversation: CHANNEL:CHAT_ID[:THREAD] percent-encoded; job: its memory source id.
+             */
+            scope_id: string;
+            /**
+             * Scope Type
+             * @description owner (the owner's profile), agent, conversation or job.
+             * @enum {string}
+             */
+            scope_type: "owner" | "agent" | "conversation" | "job";
+            /**
+             * Source
+             * @description The host's name, its provenance.
+             * @default host
+             */
+            source: string;
+            /**
+             * Trust
+             * @description operator needs an operator token; a host token is a guest.
+             */
+            trust?: ("operator" | "guest") | null;
+        };
+        /**
          * CommandOut
          * @description A command's reply (K4).
          */
@@ -969,7 +1080,7 @@ export interface components {
             };
             /**
              * Finished At
-             * @description Epoch milliseconds, once done.
+             * @description Epoch milliseconds: when its rows were gone and the store's own files clean.
              */
             finished_at: number | null;
             /**
@@ -1508,6 +1619,50 @@ export interface components {
             notice: string | null;
         };
         /**
+         * PutRowIn
+         * @description ``POST /agents/{agent_id}/memories/put``: a host's row to store (or replace).
+         */
+        PutRowIn: {
+            /**
+             * Key
+             * @description Unique within the scope.
+             */
+            key: string;
+            /**
+             * Owner Id
+             * @description The row's owner; '' for the agent's shared rows.
+             * @default
+             */
+            owner_id: string;
+            /**
+             * Scope Id
+             * @description owner: the owner id ('_default' for ''); agent: the agent id; conversation: CHANNEL:CHAT_ID[:THREAD] percent-encoded; job: its memory source id.
+             */
+            scope_id: string;
+            /**
+             * Scope Type
+             * @description owner (the owner's profile), agent, conversation or job.
+             * @enum {string}
+             */
+            scope_type: "owner" | "agent" | "conversation" | "job";
+            /**
+             * Source
+             * @description The host's name, its provenance.
+             * @default host
+             */
+            source: string;
+            /**
+             * Trust
+             * @description operator needs an operator token; a host token is a guest.
+             */
+            trust?: ("operator" | "guest") | null;
+            /**
+             * Value
+             * @description What to remember.
+             */
+            value: string;
+        };
+        /**
          * ResourceOut
          * @description A versioned prompt file of one agent and owner (P2).
          */
@@ -1998,6 +2153,119 @@ export interface operations {
                 limit?: number;
                 /** @description Only this owner's rows. */
                 owner_id?: string | null;
+                /** @description TYPE or TYPE:ID (owner, agent, conversation, job). */
+                scope?: string | null;
+            };
+            header?: never;
+            path: {
+                /** @description The agent's id; the token must act for it. */
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemoryRows"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    archive_memory_v1_agents__agent_id__memories_archive_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The agent's id; the token must act for it. */
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ArchiveRowIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ArchivedRow"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    put_memory_v1_agents__agent_id__memories_put_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The agent's id; the token must act for it. */
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PutRowIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemoryRowOut"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    recall_memories_v1_agents__agent_id__memories_recall_get: {
+        parameters: {
+            query: {
+                /** @description At most this many. */
+                limit?: number;
+                /** @description Only this owner's rows. */
+                owner_id?: string | null;
+                /** @description What to look for. */
+                q: string;
                 /** @description TYPE or TYPE:ID (owner, agent, conversation, job). */
                 scope?: string | null;
             };
