@@ -137,7 +137,9 @@ class ConversationStore(SupervisedActor):
                 return None
             case History(limit):
                 self._refresh()
-                return list(self._window if limit is None else self._window[-limit:])
+                if limit is None:
+                    return list(self._window)
+                return self._window[-limit:] if limit else []  # [-0:] would be everything
             case Reload():
                 self._load()
                 return None

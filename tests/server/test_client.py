@@ -64,6 +64,7 @@ def test_n1_a_whole_turn_over_http(module_server: ServerProcess) -> None:
         ]
         assert history == [asked, reply]
         assert conv.history(limit=1) == [reply]
+        assert conv.history(limit=0) == []  # H1: none, not the whole window
         state = conv.state()
         assert isinstance(state, ConversationState) and state.peak_prompt_tokens == 321
         conv.reload()
