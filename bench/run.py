@@ -650,6 +650,53 @@ FIGURES: dict[str, Benchmark] = {
         "100,000 messages in the home, an owner of 1,000 messages and 50 rows forgotten, one of"
         " 10,000 exported (the targets are set on the full size)",
     ),
+    "integrations": Benchmark(
+        "a turn through each framework adapter: the time inside the adapter's entry points"
+        " (fermix's calls included) against the README's hand-written turn, the model"
+        " answering at once in the process",
+        (
+            Figure(
+                "OpenAI Agents SDK: FermixSession + instructions, per turn (ms)",
+                "openai_agents_cost_ms",
+                "api_turn_ms",
+                "hand-written turn",
+                ratio="openai_agents_ratio_vs_api",
+                target=Target("<=", 1.2, on_ratio=True, source="issue 23"),
+            ),
+            Figure(
+                "Pydantic AI: FermixHistory + instructions, per turn (ms)",
+                "pydantic_ai_cost_ms",
+                "api_turn_ms",
+                "hand-written turn",
+                ratio="pydantic_ai_ratio_vs_api",
+                target=Target("<=", 1.2, on_ratio=True, source="issue 23"),
+            ),
+            Figure(
+                "LangChain: FermixChatMessageHistory, per turn (ms)",
+                "langchain_cost_ms",
+                "api_turn_ms",
+                "hand-written turn",
+                ratio="langchain_ratio_vs_api",
+                target=Target("<=", 1.2, on_ratio=True, source="issue 23"),
+            ),
+            Figure(
+                "LangGraph: FermixStore search + put (ms)",
+                "langgraph_store_ms",
+                "langgraph_api_ms",
+                "recall_rows + put_row",
+                ratio="langgraph_ratio_vs_api",
+                target=Target("<=", 1.2, on_ratio=True, source="issue 23"),
+            ),
+            Figure(
+                "the framework's own loop around the Agents SDK turn (ms)",
+                "openai_agents_turn_ms",
+                "openai_agents_alone_ms",
+                "the same loop with no memory",
+                same_work=False,
+            ),
+        ),
+        "40 turns of each system instead of 400",
+    ),
     "doctor": Benchmark(
         "`fermix doctor` on a large home (no same-work baseline: its per-check times are in"
         " the JSON)",
