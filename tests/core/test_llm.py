@@ -408,17 +408,38 @@ def _post(server: ModelServer, path: str, body: object) -> tuple[int, dict[str, 
         conn.close()
 
 
-def test_the_model_server_serves_only_unstreamed_chat_completions(
+def test_the_model_server_serves_chat_completions_buffered_and_streamed(
     model_server: ModelServer,
 ) -> None:
+    """The loopback model server answers chat completions only, buffered or, with
+    ``stream: true``, as server-sent chunks ending in ``[DONE]`` (Hermes streams)."""
     assert _post(model_server, "/v1/completions", {})[0] == 404
-    status, body = _post(model_server, "/v1/chat/completions", {"stream": True})
-    assert (status, body["error"]["message"]) == (400, "the test model server does not stream")
     model_server.default = text_reply("the default", prompt_tokens=9)
     status, body = _post(model_server, "/v1/chat/completions", {"model": "m"})
     assert status == 200
     assert body["choices"][0]["message"]["content"] == "the default"
     assert body["usage"]["prompt_tokens"] == 9
+    conn = http.client.HTTPConnection("127.0.0.1", model_server.bound_port, timeout=5)
+    try:
+        request = {"model": "m", "stream": True, "stream_options": {"include_usage": True}}
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(request))
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.getheader("Content-Type", "").startswith("text/event-stream")
+        events = [
+            line.removeprefix(b"data: ").decode()
+            for line in response.read().splitlines()
+            if line.startswith(b"data: ")
+        ]
+    finally:
+        conn.close()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    text = "".join(
+        choice["delta"].get("content") or "" for chunk in chunks for choice in chunk["choices"]
+    )
+    assert text == "the default"
+    assert chunks[-1]["usage"]["prompt_tokens"] == 9
 
 
 def test_the_model_server_stops_promptly_while_an_answer_hangs() -> None:
