@@ -26,7 +26,13 @@ a baseline measured in the same run:
     (``pip install -e '.[bench]'``); null when not installed.
     Target: fermix at least 10x the LangChain figure (the first row).
 
-(a), (b), (e) and the raw baseline run in interleaved rounds, in a rotating order, so that
+(f) (a) with tracing off, as shipped (the metrics count every append, O1; no span is made,
+    O2), against the same path with no instrumentation at all (the runtime's
+    ``instrumented`` switched off: no clock read, no count), in the same rounds:
+    ``tracing_off_overhead_pct`` is how much longer the first takes over all its appends,
+    in per cent of the second's time (``_p50``: of the median append). Target: at most 3 %.
+
+(a), (b), (e), (f) and the raw baseline run in interleaved rounds, in a rotating order, so that
 a change in machine load during the run hits them alike; after each measure the background
 embedder (issue 14) is let finish, untimed, so its deferred work is not timed against the
 next measure (the appends themselves never wait for it: it yields while they come); the
@@ -71,6 +77,7 @@ THREADS, CONVERSATIONS_PER_THREAD = 8, 8
 ROUNDS = 5
 THREAD_SLACK = 16  # main, supervisors, sweeper, the checkpointer, actors still exiting
 TARGET_SEQ, TARGET_CONCURRENT, TARGET_LANGCHAIN = 0.5, 1.0, 10.0
+TARGET_OVERHEAD_PCT = 3.0
 _VOCABULARY = (
     "porto moved last month weather rain coffee train meeting doctor sister birthday "
     "python garden book holiday lisbon friday dinner budget project deadline music guitar "
@@ -199,10 +206,14 @@ def raw_writer(chat_id: str) -> Iterator[Append]:
 
 
 @contextlib.contextmanager
-def fermix_memory(prefix: str, **options: Any) -> Iterator[Memory]:
-    """A running :class:`Memory` on a fresh temporary home."""
-    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, Memory(tmp, **options) as memory:
-        yield memory
+def fermix_memory(prefix: str, *, instrumented: bool = True, **options: Any) -> Iterator[Memory]:
+    """A running :class:`Memory` on a fresh temporary home; ``instrumented=False`` is (f)'s
+    baseline: no metrics nor tracing hooks on the append path and the group commit."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        memory = Memory(tmp, **options)
+        memory._runtime.instrumented = instrumented  # no public equivalent: a bench's switch
+        with memory:
+            yield memory
 
 
 def settle(*memories: Memory) -> None:
@@ -269,6 +280,8 @@ class Throughput:
 
     raw: Run
     sequential: Run
+    bare: Run
+    """(a) with no instrumentation at all: (f)'s baseline."""
     concurrent: Run
     batches: int
     langchain: Run | None
@@ -286,23 +299,34 @@ def throughput(sizes: Sizes, pool_of_texts: Sequence[str]) -> Throughput:
     seq_rounds = chunks(body[: sizes.sequential], ROUNDS)
     conc_rounds = chunks(body[: sizes.concurrent], ROUNDS)
     lc_rounds = chunks(body[: sizes.langchain], ROUNDS)
-    runs: dict[str, list[Run]] = {"raw": [], "seq": [], "conc": [], "lc": [], "lc_wal": []}
+    runs: dict[str, list[Run]] = {
+        "raw": [],
+        "seq": [],
+        "bare": [],
+        "conc": [],
+        "lc": [],
+        "lc_wal": [],
+    }
     with contextlib.ExitStack() as stack:
         raw_append = stack.enter_context(raw_writer("seq"))
         lc_append = stack.enter_context(langchain_writer(fermix_settings=False))
         lc_wal_append = stack.enter_context(langchain_writer(fermix_settings=True))
         seq_memory = stack.enter_context(fermix_memory("fermix-bench-seq-"))
+        bare_memory = stack.enter_context(fermix_memory("fermix-bench-bare-", instrumented=False))
         conc_memory = stack.enter_context(fermix_memory("fermix-bench-conc-"))
         pool = stack.enter_context(ThreadPoolExecutor(THREADS, thread_name_prefix="bench-feed"))
         seq_append = seq_memory.conversation(AGENT, CHANNEL, "seq", owner_id=OWNER).append_user
+        bare_append = bare_memory.conversation(AGENT, CHANNEL, "seq", owner_id=OWNER).append_user
         feeder = Feeder(conc_memory, pool)
         for text in warm:
             raw_append(text)
             seq_append(text)
+            bare_append(text)
         feeder.warm(warm)
         measures: list[tuple[str, Callable[[int], Run]]] = [
             ("raw", functools.partial(timed_round, raw_append, seq_rounds)),
             ("seq", functools.partial(timed_round, seq_append, seq_rounds)),
+            ("bare", functools.partial(timed_round, bare_append, seq_rounds)),
             ("conc", lambda r: feeder.feed(conc_rounds[r])),
         ]
         for name, lc in (("lc", lc_append), ("lc_wal", lc_wal_append)):
@@ -314,10 +338,11 @@ def throughput(sizes: Sizes, pool_of_texts: Sequence[str]) -> Throughput:
             shift = r % len(measures)
             for name, measure in measures[shift:] + measures[:shift]:
                 runs[name].append(measure(r))
-                settle(seq_memory, conc_memory)
+                settle(seq_memory, bare_memory, conc_memory)
     return Throughput(
         raw=Run.merge(runs["raw"]),
         sequential=Run.merge(runs["seq"]),
+        bare=Run.merge(runs["bare"]),
         concurrent=Run.merge(runs["conc"]),
         batches=feeder.batches,
         langchain=Run.merge(runs["lc"]) if runs["lc"] else None,
@@ -448,6 +473,18 @@ def render(console: Console, r: dict[str, Any], footprint: Footprint) -> None:
         fmt(r["langchain_wal_msgs_s"]),
         fmt(r["ratio_vs_langchain_wal"], ".1f", "x"),
     )
+    table.add_row(
+        "(f) tracing off vs no instrumentation",
+        fmt(r["fermix_seq_msgs_s"]),
+        fmt(r["bare_seq_msgs_s"]),
+        fmt(r["tracing_off_overhead_pct"], ".1f", " %"),
+        f"≤ {TARGET_OVERHEAD_PCT:g} % "
+        + (
+            "[green]met[/]"
+            if r["tracing_off_overhead_pct"] <= TARGET_OVERHEAD_PCT
+            else "[red]missed[/]"
+        ),
+    )
     table.caption = (
         f"(b) committed {r['concurrent_n']:,} appends in {r['concurrent_batches']:,} "
         f"transactions ({r['concurrent_mean_batch']:.1f} per commit); "
@@ -505,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_vs_langchain_wal": seq.rate / langchain_wal.rate if langchain_wal else None,
         "fermix_seq_msgs_s": seq.rate,
         "raw_seq_msgs_s": raw.rate,
+        "bare_seq_msgs_s": tp.bare.rate,
+        "tracing_off_overhead_pct": (tp.bare.rate / seq.rate - 1) * 100,
+        "tracing_off_overhead_pct_p50": (seq.percentile_us(50) / tp.bare.percentile_us(50) - 1)
+        * 100,
         "fermix_concurrent_msgs_s": conc.rate,
         "langchain_msgs_s": langchain.rate if langchain else None,
         "langchain_wal_msgs_s": langchain_wal.rate if langchain_wal else None,

@@ -57,6 +57,8 @@ from fermix.runtime.engine import Runtime
 from fermix.tools import MemoryTools
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from fermix.remote import Client
 
 __all__ = ["Conversation", "Memory"]
@@ -80,6 +82,10 @@ class Memory:
     config, :meth:`start` logs one warning and reviews and compaction are off.
     ``route`` (an :class:`~fermix.llm.Route`, for tests) replaces the whole route;
     ``clock`` (epoch milliseconds) is the time their gates read.
+
+    :attr:`metrics` is the process's Prometheus registry (O1). Spans (O2) are made when
+    ``[fermix_core.tracing] enabled`` is set, or into ``tracer_provider``, the host's own
+    OpenTelemetry ``TracerProvider``; otherwise none, and OpenTelemetry is not imported.
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class Memory:
         context_window: int | None = None,
         route: llm.Route | None = None,
         clock: Callable[[], int] = now_ms,
+        tracer_provider: Any | None = None,
     ) -> None:
         self.home = home if isinstance(home, Home) else Home.resolve(home)
         config = config if config is not None else load_config(self.home.config_path)
@@ -117,6 +124,7 @@ class Memory:
             vfs=vfs,
             route=route,
             clock=clock,
+            tracer_provider=tracer_provider,
         )
         self.tools = MemoryTools(self._runtime)
         """The agent's memory tools: ``schemas()`` and ``run(tool_call, conversation)`` (T4)."""
@@ -157,6 +165,15 @@ class Memory:
     def failure(self) -> SupervisorEscalationError | None:
         """Why the actor tree gave up, if it did; every later call then raises."""
         return self._runtime.failure
+
+    @property
+    def metrics(self) -> CollectorRegistry:
+        """This memory's prometheus-client ``CollectorRegistry`` (O1): appends and commits,
+        latencies, reviews and compactions by outcome, model calls by model, queues, live
+        conversation actors, storage errors and retries, vectors pending. Serve it with
+        any exporter (``prometheus_client.generate_latest(memory.metrics)``); the memory
+        server's ``GET /metrics`` does. prometheus_client is imported on first use."""
+        return self._runtime.telemetry.registry
 
     def stats(self) -> dict[str, Any]:
         """What the process holds now (N7): live and passivated conversation actors, the

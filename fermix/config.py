@@ -33,9 +33,11 @@ from fermix.config_rules import (
     MILLISECONDS,
     PORT,
     SECONDS,
+    SHA256,
     STORAGE_URL,
     TEXT,
     TEXTS,
+    URL,
     WORKERS,
     Rule,
 )
@@ -160,6 +162,30 @@ class ServerConfig:
     max_body_bytes: int = _key(
         1_048_576, BYTES, "Largest request body accepted, in bytes; larger is a 413 (N2)."
     )
+    metrics_token_sha256: str | None = _key(
+        None,
+        SHA256,
+        "SHA-256 (hex) of a scrape token that may read GET /metrics and nothing else (O1).",
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    )
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """``[fermix_core.tracing]``: OpenTelemetry spans of appends, reviews, model calls (O2)."""
+
+    enabled: bool = _key(
+        False,
+        BOOL,
+        "Make OpenTelemetry spans (the otel extra); off: no span, and nothing imported (O2).",
+    )
+    otlp_endpoint: str | None = _key(
+        None,
+        URL,
+        "OTLP/HTTP endpoint the spans go to; unset: the OTEL_EXPORTER_OTLP_* variables (O2).",
+        "http://localhost:4318",
+    )
+    service_name: str = _key("fermix", TEXT, "The service.name of the spans' resource (O2).")
 
 
 @dataclass(frozen=True)
@@ -267,6 +293,7 @@ class Config:
     embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     def trust_of(self, owner_id: str) -> str:
         """The trust of ``owner_id`` when none is given: ``operator`` only for an owner
@@ -285,6 +312,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "embedding": EmbeddingConfig,
     "storage": StorageConfig,
     "retention": RetentionConfig,
+    "tracing": TracingConfig,
 }
 """Each ``[fermix_core.<name>]`` table and the dataclass it loads into (a field of Config)."""
 

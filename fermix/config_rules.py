@@ -51,6 +51,16 @@ WORKERS = Rule("an integer from 1 to 64", lambda v: is_int(v) and 1 <= v <= 64)
 FRACTION = Rule("a number in (0, 1]", lambda v: is_number(v) and 0 < v <= 1, float)
 EFFORT = Rule(f"one of {', '.join(_EFFORTS)}", lambda v: v in _EFFORTS)
 TEXT = Rule("a non-empty string", is_text)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+SHA256 = Rule(
+    "64 lowercase hex digits: the SHA-256 of a secret, never the secret",
+    lambda v: isinstance(v, str) and _SHA256.fullmatch(v) is not None,
+    echo=False,
+)
+URL = Rule(
+    "an http:// or https:// URL",
+    lambda v: isinstance(v, str) and re.fullmatch(r"https?://[^\s]+", v) is not None,
+)
 TEXTS = Rule(
     "a list of non-empty strings",
     lambda v: isinstance(v, list | tuple) and all(is_text(item) for item in v),

@@ -6,6 +6,7 @@ process's runtime (and through it the conversation's actor) for everything else.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -214,8 +215,13 @@ class Conversation:
         """The litellm messages for the next model call: system prompt, the fenced
         ``<memory-context>`` block (USER.md, MEMORY.md of this agent and owner), then the
         window (P1, T5)."""
-        user_md, memory_md = self.memory_files()
-        return composer.compose(system, user_md, memory_md, self.history(limit))
+        telemetry = self._runtime.telemetry
+        started = time.perf_counter()
+        with telemetry.span("fermix.compose", {"fermix.agent_id": self.key.agent_id}):
+            user_md, memory_md = self.memory_files()
+            composed = composer.compose(system, user_md, memory_md, self.history(limit))
+        telemetry.compose_seconds.observe(time.perf_counter() - started)
+        return composed
 
     def preflight(self) -> str | None:
         """Before a turn: compact if the previous turn's recorded peak calls for it (K3).

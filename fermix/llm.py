@@ -31,7 +31,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from fermix.config import ROOT_TABLE, ModelConfig, validate_key
 from fermix.errors import ModelError
@@ -195,6 +195,27 @@ class Completion:
     """Optional parameters the answering model refused and was called again without."""
 
 
+class Attempt(Protocol):
+    """One model call under way, as a :class:`CallObserver` follows it."""
+
+    def succeeded(self, usage: Usage, finish_reason: str | None) -> None:
+        """The model answered."""
+        ...
+
+    def failed(self, error: str) -> None:
+        """The call failed with an error of class ``error`` (the next model may be tried)."""
+        ...
+
+
+class CallObserver(Protocol):
+    """What :func:`complete` tells of each model it tries: the runtime's metrics and spans
+    (O1, O2), passed in so that this module imports none of them."""
+
+    def attempt(self, agent: str, model: str) -> Attempt:
+        """``model`` is about to be called for ``agent``."""
+        ...
+
+
 def _litellm() -> Any:
     """Import litellm on first use, without its network fetch or its stdout banners."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -280,11 +301,13 @@ def complete(
     max_tokens: int | None = None,
     policy: TimeoutPolicy | None = None,
     metadata: Mapping[str, Any] | None = None,
+    observer: CallObserver | None = None,
 ) -> Completion:
     """Ask the route's models in order for one buffered (non-streaming) answer.
 
-    ``agent`` tags the call in litellm's metadata and in the log. ``policy`` defaults to the
-    route's (``llm_buffered``); its timeout bounds each attempt. Raises
+    ``agent`` tags the call in litellm's metadata and in the log; ``observer`` is told of
+    each model tried, its outcome and usage (the metrics and spans, O1, O2). ``policy``
+    defaults to the route's (``llm_buffered``); its timeout bounds each attempt. Raises
     :class:`ModelRequestError` on an error no fallback can fix, :class:`ModelUnavailableError`
     naming every model and why when all fail, and :class:`ModelError` when no model is set.
     """
@@ -316,9 +339,14 @@ def complete(
             "metadata": {**(metadata or {}), "agent": agent},
             **{k: v for k, v in options.items() if v is not None},
         }
+        watch = None if observer is None else observer.attempt(agent, model)
         try:
             response, dropped = _attempt(litellm, request, openai_error)
-        except openai_error as exc:
+        except BaseException as exc:
+            if watch is not None:
+                watch.failed(type(exc).__name__)
+            if not isinstance(exc, openai_error):
+                raise
             tried.append((model, type(exc).__name__))
             reasons.append(_describe(exc, model, policy, litellm))
             if not _can_pass(exc, litellm.exceptions):
@@ -329,6 +357,8 @@ def complete(
             last = exc
             continue
         result = _completion(response, model, tuple(tried), dropped, _ms_since(started))
+        if watch is not None:
+            watch.succeeded(result.usage, result.finish_reason)
         _log(agent, "ok", model, tried, result.usage, dropped, result.latency_ms)
         return result
     _log(agent, "failed", None, tried, Usage(), (), _ms_since(started))

@@ -14,7 +14,8 @@ or, to keep the conversation's type, is generic over it
 What is not here is what only one side has, for a reason:
 
 - only a ``Memory`` owns the process: ``tick()``, ``stats()``, ``failure``, ``tokens``,
-  ``append_many()``, ``config`` and ``home``, and ``connect()`` to make a ``Client``;
+  ``metrics``, ``append_many()``, ``config`` and ``home``, and ``connect()`` to make a
+  ``Client``;
 - only a ``Client`` talks to a server: ``health()``, its ``url``, and the ``timeout`` and
   ``retries`` it is made with (the transport retries what did not get through);
 - only an embedded ``Conversation`` offers ``prepare()``, ``append_keyed()`` and

@@ -26,6 +26,7 @@ from fermix.core import compaction
 from fermix.core.compaction import CompactionResult
 from fermix.errors import ModelError
 from fermix.model import ConversationKey, ConversationState, Message, NewMessage
+from fermix.runtime.telemetry import Telemetry
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage, Writes
 
@@ -51,11 +52,14 @@ class Compacting:
         clock: Callable[[], int] = now_ms,
         route: llm.Route | None = None,
         on_compacted: Callable[[ConversationKey], None] = lambda key: None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         """``on_compacted`` is called after a compaction or a cleared window is committed
         (the conversation actor reloads its window); ``route`` defaults to the one the
-        config names, built on first use."""
+        config names, built on first use; ``telemetry`` counts the compactions by outcome
+        and traces them and their model calls (O1, O2)."""
         self._config = config
+        self._telemetry = Telemetry() if telemetry is None else telemetry
         self._db = db
         self._writer = writer
         self._clock = clock
@@ -122,6 +126,23 @@ class Compacting:
     def compact(self, key: ConversationKey, *, force: bool = False) -> CompactionResult:
         """Compact ``key`` if its recorded peak calls for it (or ``force``); never raises for
         a model failure, which is recorded for the 60 s backoff instead."""
+        telemetry = self._telemetry
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": AGENT_TAG,
+            "fermix.agent_id": key.agent_id,
+            "fermix.channel": key.channel,
+            "fermix.forced": force,
+        }
+        with telemetry.span(f"invoke_agent {AGENT_TAG}", attributes) as span:
+            result = self._compact(key, force=force)
+            if span is not None:
+                span.set_attribute("fermix.outcome", result.status)
+                span.set_attribute("fermix.reason", result.reason)
+        telemetry.compactions.inc((result.status,))
+        return result
+
+    def _compact(self, key: ConversationKey, *, force: bool) -> CompactionResult:
         cfg = self._config.compaction
         with self._db.read() as reads:
             state = reads.conversation(key)
@@ -158,6 +179,7 @@ class Compacting:
                 reasoning_effort=cfg.reasoning_effort,
                 max_tokens=min(plan.summary_tokens, compaction.MAX_SUMMARY_TOKENS),
                 metadata={"conversation": key.scope_id, "agent_id": key.agent_id},
+                observer=self._telemetry,
             )
             if not answer.content.strip():
                 raise ModelError(f"{answer.model} returned an empty summary")

@@ -31,6 +31,7 @@ from fermix.home import Home, make_private_dir
 from fermix.model import ConversationKey, Message
 from fermix.runtime.prompt_files import PromptFiles
 from fermix.runtime.registry import ConversationRegistry, conversation_spec
+from fermix.runtime.telemetry import Telemetry
 from fermix.runtime.timer import Timer
 from fermix.runtime.windows import Windows
 from fermix.runtime.writer import Writer
@@ -74,12 +75,17 @@ class Services:
         reviewers: int | None,
         compactors: int | None,
         windows: Callable[[Storage], WindowSource],
+        telemetry: Telemetry | None,
     ) -> None:
         self.home = home
         self.config = config
         self.storage = storage
         self.files = PromptFiles(home, storage)
-        self.writer = Writer(storage, self.files, deliver=self._deliver)
+        self.telemetry = Telemetry() if telemetry is None else telemetry
+        """What this process counts and traces (O1, O2)."""
+        if telemetry is not None:
+            storage.observe(self.telemetry)
+        self.writer = Writer(storage, self.files, deliver=self._deliver, telemetry=telemetry)
         self.failure: SupervisorEscalationError | None = None
         """Why the tree gave up, if it did."""
         self._lock = threading.Lock()
@@ -95,6 +101,7 @@ class Services:
         self._compaction_workers = config.compaction.workers if compactors is None else compactors
         self._indexer: Indexer | None = None
         self._indexer_made = False
+        self._gauges()
 
     # The use cases and the actor side are wired on first use: a CLI command that lists
     # rows imports none of the review, compaction, actor or embedding code (bench/cli_start.py).
@@ -105,7 +112,12 @@ class Services:
         from fermix.runtime.reviewing import Reviewing
 
         return Reviewing(
-            self.config, self.storage, self.writer, clock=self._clock, route=self._route
+            self.config,
+            self.storage,
+            self.writer,
+            clock=self._clock,
+            route=self._route,
+            telemetry=self.telemetry,
         )
 
     @functools.cached_property
@@ -120,6 +132,7 @@ class Services:
             clock=self._clock,
             route=self._route,
             on_compacted=self._reload_window,
+            telemetry=self.telemetry,
         )
 
     @functools.cached_property
@@ -261,6 +274,48 @@ class Services:
 
     # -- the wiring between them -------------------------------------------------------
 
+    def _gauges(self) -> None:
+        """The readings of a scrape (O1): queues, live actors, vectors still to compute.
+        Each reads what is there without starting anything: 0 before the tree starts."""
+        t = self.telemetry
+        t.gauge(
+            "fermix_write_queue_depth",
+            "Writes waiting behind the group commit's running batch.",
+            lambda: self.storage.queued_writes,
+        )
+        t.gauge(
+            "fermix_review_queue_depth",
+            "Reviews sent to the Reviewers and not finished.",
+            lambda: sum(self.reviewers.pending()) if self._started else 0,
+        )
+        t.gauge(
+            "fermix_compaction_queue_depth",
+            "Compactions sent to the Compactors and not finished.",
+            lambda: sum(self.compactors.pending()) if self._started else 0,
+        )
+        t.gauge(
+            "fermix_live_conversations",
+            "Conversation actors live in this process.",
+            lambda: self.registry.live_count() if self._started else 0,
+        )
+        t.counted(
+            "fermix_conversations_passivated",
+            "Conversation actors stopped for idleness or the cap.",
+            lambda: self.registry.passivated if self._started else 0,
+        )
+        t.gauge(
+            "fermix_vectors_pending",
+            "Messages and live memory rows without a vector yet (0 with embedding off).",
+            self._vectors_pending,
+        )
+
+    def _vectors_pending(self) -> int:
+        if not self._started or self._indexer is None:
+            return 0
+        with self.storage.read() as reads:
+            c = reads.vector_coverage()
+        return max(0, c.messages - c.message_vectors) + max(0, c.memories - c.memory_vectors)
+
     def _escalated(self, error: SupervisorEscalationError) -> None:
         log.critical("fermix actor tree gave up: %s", error)
         self.failure = error
@@ -318,6 +373,7 @@ def build(
     reviewers: int | None = None,
     compactors: int | None = None,
     windows: Callable[[Storage], WindowSource] = Windows,
+    telemetry: Telemetry | None = None,
 ) -> Services:
     """Open the store of ``home`` that ``config`` chooses (creating and migrating it) and
     wire every service of a process over it; no thread is started.
@@ -328,8 +384,10 @@ def build(
     ``clock`` (epoch milliseconds, the gates' time), ``monotonic`` (seconds, the
     passivation's), ``route`` (replaces the configured model route), ``reviewers`` and
     ``compactors`` (the pool sizes; None: the config's), ``windows`` (what conversation
-    actors read their windows from, over the store). If wiring fails, the store is
-    closed again before the error propagates.
+    actors read their windows from, over the store), ``telemetry`` (the metrics and
+    tracer, O1, O2; None: counts of their own and no spans, the append path and the group
+    commit not instrumented at all, as a CLI command needs). If wiring fails, the
+    store is closed again before the error propagates.
     """
     make_private_dir(home.root)
     storage = open_storage(home, config, vfs=vfs, readers=readers)
@@ -346,6 +404,7 @@ def build(
             reviewers=reviewers,
             compactors=compactors,
             windows=windows,
+            telemetry=telemetry,
         )
     except BaseException:
         storage.close()

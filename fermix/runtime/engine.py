@@ -36,7 +36,7 @@ from fermix.clock import now_ms
 from fermix.config import Config
 from fermix.core.compaction import CompactionResult
 from fermix.core.review import ReviewResult
-from fermix.core.tool_calls import ToolCall
+from fermix.core.tool_calls import Recall, ToolCall
 from fermix.errors import (
     ActorUnavailableError,
     FermixError,
@@ -60,6 +60,7 @@ from fermix.runtime.access import Tokens
 from fermix.runtime.composition import Services, build
 from fermix.runtime.prompt_files import FileResult
 from fermix.runtime.reviewing import SWEEP_AGAIN_S, SWEEP_CLAIMS_PER_WORKER
+from fermix.runtime.telemetry import Telemetry
 from fermix.runtime.writer import RowsWritten
 from fermix.storage import Reads, Writes
 
@@ -81,7 +82,8 @@ class Runtime:
     starts them; every other method refuses while the runtime is not running. The keywords
     are :func:`~fermix.runtime.composition.build`'s seams: ``clock`` (epoch milliseconds)
     and ``monotonic`` (seconds) are the times the gates and the passivation read;
-    ``route`` replaces the configured model route. Tests pass them.
+    ``route`` replaces the configured model route. Tests pass them. ``tracer_provider``
+    (an OpenTelemetry ``TracerProvider``) traces into the host's own provider (O2).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class Runtime:
         clock: Callable[[], int] = now_ms,
         monotonic: Callable[[], float] = time.monotonic,
         route: llm.Route | None = None,
+        tracer_provider: Any | None = None,
     ) -> None:
         cap = conversation_cap
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
@@ -102,6 +105,11 @@ class Runtime:
         if isinstance(idle_s, bool) or not isinstance(idle_s, int | float) or not idle_s > 0:
             raise InvalidInputError(f"idle_s must be a number of seconds > 0, not {idle_s!r}")
         self._config = config
+        self.telemetry = Telemetry(config.tracing, tracer_provider=tracer_provider)
+        """What this runtime counts and traces (O1, O2): ``Memory.metrics`` is its registry."""
+        self.instrumented = True
+        """Whether the append path and the group commit count and trace; False only for
+        bench/append.py's baseline of the instrumentation's cost. Set before :meth:`start`."""
         self._build = functools.partial(
             build,
             home,
@@ -133,7 +141,7 @@ class Runtime:
         with self._lock:
             if self._started:
                 return
-            services = self._build()
+            services = self._build(telemetry=self.telemetry if self.instrumented else None)
             try:
                 services.start()
             except BaseException:
@@ -164,7 +172,10 @@ class Runtime:
                 self._closed = True
                 return
             self._closed = True
-        self.services.close(timeout)
+        try:
+            self.services.close(timeout)
+        finally:
+            self.telemetry.close()
 
     @property
     def services(self) -> Services:
@@ -296,12 +307,19 @@ class Runtime:
 
     def recall_rows(self, query: str, **filters: Any) -> list[MemoryRow]:
         """Rows matching ``query``, full-text and vectors fused (:func:`host_rows.recall_rows`)."""
-        return host_rows.recall_rows(self._running().storage, query, **filters)
+        storage = self._running().storage
+        self.telemetry.recalls.inc(("host",))
+        with self.telemetry.span("fermix.recall", {"fermix.source": "host"}):
+            return host_rows.recall_rows(storage, query, **filters)
 
     def run_tool(self, call: ToolCall, caller: recall.Caller) -> dict[str, Any]:
         """Run one checked memory tool call for ``caller`` (T1-T4)."""
         services = self._running()
-        return recall.run(services.storage, services.writer, call, caller)
+        if not isinstance(call, Recall):
+            return recall.run(services.storage, services.writer, call, caller)
+        self.telemetry.recalls.inc(("tool",))
+        with self.telemetry.span("fermix.recall", {"fermix.source": "tool"}):
+            return recall.run(services.storage, services.writer, call, caller)
 
     # -- post-delivery work: reviewers and compactors (E1, K3, M3) -----------------------
 

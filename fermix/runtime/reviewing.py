@@ -32,6 +32,7 @@ from fermix.errors import FermixError, ModelError, ReviewOutputError
 from fermix.model import ConversationKey, ConversationState, MemoryRow
 from fermix.runtime.review_apply import apply_admitted
 from fermix.runtime.review_inputs import shown_rows
+from fermix.runtime.telemetry import Telemetry
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage, Writes
 
@@ -58,8 +59,11 @@ class Reviewing:
         clock: Callable[[], int] = now_ms,
         route: llm.Route | None = None,
         defer_other_owners: bool = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._config = config
+        self._telemetry = Telemetry() if telemetry is None else telemetry
+        """Counts the reviews by outcome and traces them and their model calls (O1, O2)."""
         self._db = db
         self._writer = writer
         self._clock = clock
@@ -155,6 +159,16 @@ class Reviewing:
         after recording the failure if it can. Prompt files a failed rebuild of this process
         left behind are repaired first.
         """
+        telemetry = self._telemetry
+        with telemetry.span(f"invoke_agent {AGENT_TAG}", _span_attributes(key, force)) as span:
+            result = self._review(key, force=force)
+            if span is not None:
+                span.set_attribute("fermix.outcome", result.status)
+                span.set_attribute("fermix.review.messages", result.messages)
+        telemetry.reviews.inc((result.status,))
+        return result
+
+    def _review(self, key: ConversationKey, *, force: bool) -> ReviewResult:
         if self._writer.has_stale_files:
             self._writer.repair_files()
         result, newest = self._review_once(key, force=force)
@@ -286,6 +300,7 @@ class Reviewing:
                 agent=AGENT_TAG,
                 response_format=review_answer.RESPONSE_SCHEMA,
                 metadata={"conversation": key.scope_id, "agent_id": key.agent_id},
+                observer=self._telemetry,
             )
             result.model, result.tried = answer.model, answer.tried
             operations = review_answer.parse(answer.content)
@@ -393,3 +408,14 @@ class Reviewing:
             )
         except FermixError:
             log.exception("could not record the failed review of %s", key.scope_id)
+
+
+def _span_attributes(key: ConversationKey, force: bool) -> dict[str, str | bool]:
+    """A review's span attributes (GenAI's agent span): never an owner or a chat id."""
+    return {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": AGENT_TAG,
+        "fermix.agent_id": key.agent_id,
+        "fermix.channel": key.channel,
+        "fermix.forced": force,
+    }

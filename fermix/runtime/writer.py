@@ -21,9 +21,10 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from fermix.errors import ConflictError, FermixError, WriteFailedError
 from fermix.model import (
@@ -36,6 +37,9 @@ from fermix.model import (
 )
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult
 from fermix.storage import Storage, Writes
+
+if TYPE_CHECKING:
+    from fermix.runtime.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +72,14 @@ class Writer:
         files: PromptFiles,
         *,
         deliver: Callable[[Message], None] = lambda message: None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._db = db
         self.files = files
         self._deliver = deliver
+        self._telemetry = telemetry
+        """Counts and traces the appends (O1, O2); None: not instrumented at all (the
+        baseline of bench/append.py's overhead figure)."""
         self._stripes = [threading.Lock() for _ in range(ORDER_STRIPES)]
         self._stale_lock = threading.Lock()
         self._stale_agents: set[str] = set()
@@ -108,6 +116,26 @@ class Writer:
         :class:`~fermix.errors.WriteFailedError` after the retries, and then nothing of it
         was kept.
         """
+        telemetry = self._telemetry
+        if telemetry is None:
+            return self._append(new, trust, peak_prompt_tokens, owner_id)
+        started = time.perf_counter()
+        outcome = "failed"
+        try:
+            if telemetry.tracer is None:
+                result = self._append(new, trust, peak_prompt_tokens, owner_id)
+            else:
+                with telemetry.span("fermix.append", _span_attributes(new)) as span:
+                    result = self._append(new, trust, peak_prompt_tokens, owner_id)
+                    span.set_attribute("fermix.replayed", result.replayed)
+            outcome = "replayed" if result.replayed else "stored"
+            return result
+        finally:
+            telemetry.appended(outcome, time.perf_counter() - started)
+
+    def _append(
+        self, new: NewMessage, trust: str, peak_prompt_tokens: int | None, owner_id: str | None
+    ) -> AppendResult:
         key = new.key
         unit = _unit_of(
             new, new.owner_id if owner_id is None else owner_id, trust, peak_prompt_tokens
@@ -130,6 +158,21 @@ class Writer:
         concurrent requests: one thread commits them all, instead of a thread each. Each
         conversation's appends stay ordered: the batch holds their order locks.
         """
+        telemetry = self._telemetry
+        if telemetry is None:
+            return self._append_many(pending)
+        started = time.perf_counter()
+        with telemetry.span("fermix.append_many", {"fermix.appends": len(pending)}):
+            results = self._append_many(pending)
+        seconds = time.perf_counter() - started
+        for result in results:
+            if isinstance(result, BaseException):
+                telemetry.appended("failed", seconds)
+            else:
+                telemetry.appended("replayed" if result.replayed else "stored", seconds)
+        return results
+
+    def _append_many(self, pending: Sequence[PendingAppend]) -> list[AppendResult | BaseException]:
         stripes = sorted({hash(p.new.key) % ORDER_STRIPES for p in pending})
         with contextlib.ExitStack() as held:
             for stripe in stripes:  # in one order everywhere: no deadlock
@@ -272,6 +315,17 @@ def _same_message(earlier: Message, new: NewMessage) -> Message:
             f" for another message (id {earlier.id})"
         )
     return earlier
+
+
+def _span_attributes(new: NewMessage) -> dict[str, str]:
+    """An append's span attributes: its agent, channel, role and kind; never an owner or a
+    chat id (the span leaves the process for a tracing backend)."""
+    return {
+        "fermix.agent_id": new.key.agent_id,
+        "fermix.channel": new.key.channel,
+        "fermix.message.role": new.role,
+        "fermix.message.kind": new.kind,
+    }
 
 
 def _name(key: ConversationKey) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from fermix.errors import StorageError
-from fermix.storage.leaders import GroupCommit
+from fermix.storage.leaders import CommitObserver, GroupCommit
 from fermix.storage.port import Repair, Storage, Writes
 
 T = TypeVar("T")
@@ -77,6 +77,16 @@ class GroupCommitted(Storage):
     def commits(self) -> int:
         """Write transactions committed so far (for benchmarks and tests)."""
         return 0 if self._committer is None else self._committer.batches
+
+    def observe(self, observer: CommitObserver) -> None:
+        """Tell ``observer`` of every batch the group commit runs from now on (O1)."""
+        if self._committer is not None:
+            self._committer.observer = observer
+
+    @property
+    def queued_writes(self) -> int:
+        """Writes waiting behind the batch the group commit runs (O1)."""
+        return 0 if self._committer is None else self._committer.queued
 
     def close(self) -> None:
         """Finish the queued writes, then close every connection."""

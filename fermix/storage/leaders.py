@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import tenacity
 
@@ -28,6 +29,27 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Work = Callable[[Any], Any]
 """A unit: a function of the connection, or of the session the committer was given."""
+
+
+class CommitObserver(Protocol):
+    """What a group commit tells about its batches, for the runtime's metrics (O1).
+
+    The storage layer knows nothing of Prometheus: the composition root passes an observer
+    in (:meth:`fermix.storage.port.Storage.observe`). Each call comes from the leader's
+    thread after its batch, outside the committer's lock, and must be cheap.
+    """
+
+    def committed(self, units: int, seconds: float) -> None:
+        """A batch of ``units`` writes committed in one transaction taking ``seconds``."""
+        ...
+
+    def retried(self) -> None:
+        """A batch failed with an error that can pass and is being tried again."""
+        ...
+
+    def failed(self, units: int) -> None:
+        """A batch of ``units`` writes failed for good (after the retries, or persistently)."""
+        ...
 
 
 class Unit:
@@ -98,6 +120,13 @@ class GroupCommit:
         """Notified when the connection is let go while closing (close() waits on it)."""
         self.batches = 0
         """Transactions committed, for benchmarks and tests."""
+        self.observer: CommitObserver | None = None
+        """Told of each batch (O1); None: nothing is timed."""
+
+    @property
+    def queued(self) -> int:
+        """Units waiting behind the batch that runs (a gauge: read without the lock)."""
+        return len(self._queue)
 
     def run(self, work: Callable[[Any], T], *, label: str = "write") -> T:
         """Run ``work(conn)`` in a write transaction; return its result once committed.
@@ -229,6 +258,8 @@ class GroupCommit:
 
     def _commit_batch(self, batch: list[Unit]) -> None:
         """Commit ``batch`` in one transaction, retrying transient errors; set outcomes."""
+        observer = self.observer
+        started = time.perf_counter() if observer is not None else 0.0
         try:
             try:
                 self._commit(batch)
@@ -237,6 +268,8 @@ class GroupCommit:
                 if self._retry.attempts <= 1:
                     raise
                 log.warning("write failed (%s), retrying: %s", labels(batch), first)
+                if observer is not None:
+                    observer.retried()
                 self._retrying()(self._commit, batch)
         except self.transient as exc:
             log.error(
@@ -250,6 +283,8 @@ class GroupCommit:
                 unit.value = WriteFailedError(
                     f"{unit.label}: not written after {self._retry.attempts} attempts: {exc}"
                 )
+            if observer is not None:
+                observer.failed(len(batch))
             return
         except self.driver_error as exc:
             # Persistent database errors (corruption, a read-only file) reach every caller.
@@ -257,6 +292,8 @@ class GroupCommit:
             for unit in batch:
                 unit.ok = False
                 unit.value = WriteFailedError(f"{unit.label}: not written: {exc}")
+            if observer is not None:
+                observer.failed(len(batch))
             return
         except BaseException as exc:
             for unit in batch:
@@ -264,6 +301,8 @@ class GroupCommit:
                 unit.value = exc
             raise
         self.batches += 1
+        if observer is not None:
+            observer.committed(len(batch), time.perf_counter() - started)
 
     def _hand_out(self, batch: list[Unit], outcomes: list[tuple[bool, Any]]) -> None:
         """After the commit, give each unit of ``batch`` its outcome: its result, or its own

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from fermix.model import (
     ApiToken,
@@ -43,6 +43,9 @@ from fermix.model import (
     Scope,
     SearchHit,
 )
+
+if TYPE_CHECKING:
+    from fermix.storage.leaders import CommitObserver
 
 T = TypeVar("T")
 
@@ -982,6 +985,16 @@ class Storage(Protocol):
     @property
     def commits(self) -> int:
         """Write transactions committed so far (for benchmarks and tests)."""
+        ...
+
+    def observe(self, observer: CommitObserver) -> None:
+        """Tell ``observer`` of every batch the group commit runs from now on: the
+        runtime's metrics (O1), passed in so that storage imports none of them."""
+        ...
+
+    @property
+    def queued_writes(self) -> int:
+        """Writes waiting behind the batch the group commit runs (a gauge, O1)."""
         ...
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fermix.api import Memory
-from fermix.server.http import admin, errors, owners, turn
+from fermix.server.http import admin, errors, owners, scrape, turn
 from fermix.server.http.batching import AppendBatcher
 from fermix.server.http.limits import BodyLimit
 from fermix.server.http.metrics import Metrics
@@ -96,6 +96,7 @@ def create_app(
     app.include_router(turn.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(owners.router, prefix=API_PREFIX)
+    app.include_router(scrape.router)  # /metrics, where scrapers look by default (O1)
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
     app.add_middleware(BodyLimit, max_bytes=limit)

@@ -1,0 +1,462 @@
+"""``Telemetry``: what one process counts (O1) and traces (O2), for any monitoring stack.
+
+One :class:`Telemetry` per ``Memory`` (the runtime's), handed by the composition root to
+the write path, the group commit (as its :class:`~fermix.storage.leaders.CommitObserver`),
+the reviews, the compactions and every model call (as :func:`fermix.llm.complete`'s
+observer), so that storage and the model edge import nothing of it.
+
+**Metrics.** Every path counts into plain Python series (:class:`Counter`,
+:class:`Histogram`: a lock and a few numbers each), so an append imports nothing and costs a
+clock read and an increment. ``prometheus_client`` is imported the first time someone asks
+for :attr:`Telemetry.registry` (``Memory.metrics``, the server's ``GET /metrics``); that
+registry reads the series through a custom collector, prometheus_client's own way of
+exposing numbers kept elsewhere, so what was counted before is there too and the text
+format is the library's. Label values are bounded: outcomes, model names from the config,
+error classes; never an owner id or a chat id.
+
+**Traces.** Off unless ``[fermix_core.tracing] enabled`` or a host hands its own
+``TracerProvider`` (``Memory(tracer_provider=...)``); then OpenTelemetry (the ``otel``
+extra) is imported and spans are made for an append, a compose, a review, a compaction, a
+recall and each model call, with OpenTelemetry's GenAI attributes (``gen_ai.*``). Off,
+:attr:`Telemetry.tracer` is None and each call site takes its one untraced branch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from fermix.config import TracingConfig
+from fermix.errors import ConfigError, FermixError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from fermix.llm import Usage
+
+log = logging.getLogger(__name__)
+
+Labels = tuple[str, ...]
+
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+"""Seconds of an append, a commit or a compose: tens of microseconds to seconds."""
+MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+"""Seconds of one model call, up to twice the default timeout."""
+BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+"""Writes committed in one transaction by the group commit."""
+
+OTEL_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+"""OpenTelemetry's standard variables naming where OTLP spans go."""
+NO_OTEL = (
+    "[fermix_core.tracing] enabled needs OpenTelemetry: pip install 'fermix[otel]'"
+    " (opentelemetry-sdk and its OTLP/HTTP exporter)"
+)
+
+
+class Counter:
+    """A monotonic count per label values; thread-safe."""
+
+    __slots__ = ("_lock", "_values", "doc", "labels", "name")
+
+    def __init__(self, name: str, doc: str, labels: Labels = ()) -> None:
+        self.name = name
+        """The Prometheus name without ``_total`` (the library adds it)."""
+        self.doc = doc
+        self.labels = labels
+        self._lock = threading.Lock()
+        self._values: dict[Labels, float] = {}
+
+    def inc(self, values: Labels = (), n: float = 1.0) -> None:
+        """Add ``n`` to the series of label ``values``."""
+        with self._lock:
+            self._values[values] = self._values.get(values, 0.0) + n
+
+    def value(self, values: Labels = ()) -> float:
+        """The count of label ``values`` (0 if never counted)."""
+        with self._lock:
+            return self._values.get(values, 0.0)
+
+    def series(self) -> list[tuple[Labels, float]]:
+        """Every label values and its count."""
+        with self._lock:
+            return list(self._values.items())
+
+
+class Histogram:
+    """Observations per label values in fixed buckets, with their sum; thread-safe."""
+
+    __slots__ = ("_lock", "_series", "bounds", "doc", "labels", "name")
+
+    def __init__(self, name: str, doc: str, bounds: Sequence[float], labels: Labels = ()) -> None:
+        self.name = name
+        self.doc = doc
+        self.labels = labels
+        self.bounds = tuple(bounds)
+        self._lock = threading.Lock()
+        self._series: dict[Labels, tuple[list[int], list[float]]] = {}
+        """Per label values: the count in each bucket (the last is +Inf) and [sum]."""
+
+    def observe(self, value: float, values: Labels = ()) -> None:
+        """Count ``value`` in its bucket of label ``values``."""
+        at = bisect.bisect_left(self.bounds, value)
+        with self._lock:
+            series = self._series.get(values)
+            if series is None:
+                series = self._series[values] = ([0] * (len(self.bounds) + 1), [0.0])
+            series[0][at] += 1
+            series[1][0] += value
+
+    def count(self, values: Labels = ()) -> int:
+        """How many values of label ``values`` were observed."""
+        with self._lock:
+            series = self._series.get(values)
+            return 0 if series is None else sum(series[0])
+
+    def series(self) -> list[tuple[Labels, list[tuple[str, float]], float]]:
+        """Every label values with its cumulative buckets (``le``, count) and sum."""
+        with self._lock:
+            copied = [(k, list(counts), total[0]) for k, (counts, total) in self._series.items()]
+        out = []
+        for values, counts, total in copied:
+            running, buckets = 0, []
+            for bound, n in zip((*self.bounds, float("inf")), counts, strict=True):
+                running += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            out.append((values, buckets, total))
+        return out
+
+
+Read = Callable[[], float]
+"""A gauge's or an external counter's reading, taken at each scrape."""
+
+
+class Telemetry:
+    """The metrics and the tracer of one process's services (see the module's docstring).
+
+    ``tracing`` is ``[fermix_core.tracing]``; ``tracer_provider`` (an OpenTelemetry
+    ``TracerProvider``, the host's own) turns tracing on whatever the config says. Raises
+    :class:`~fermix.errors.ConfigError` when tracing is asked for and OpenTelemetry is not
+    installed.
+    """
+
+    def __init__(
+        self, tracing: TracingConfig | None = None, *, tracer_provider: Any | None = None
+    ) -> None:
+        self.appends = Counter(
+            "fermix_appends",
+            "Messages appended, by outcome (stored, replayed, failed).",
+            ("outcome",),
+        )
+        self.append_seconds = Histogram(
+            "fermix_append_seconds",
+            "Seconds from an append's call to its commit.",
+            LATENCY_BUCKETS,
+        )
+        self.commits = Counter("fermix_commits", "Write transactions the group commit committed.")
+        self.commit_batch_size = Histogram(
+            "fermix_commit_batch_size",
+            "Writes committed together in one transaction.",
+            BATCH_BUCKETS,
+        )
+        self.commit_seconds = Histogram(
+            "fermix_commit_seconds", "Seconds one group-commit transaction took.", LATENCY_BUCKETS
+        )
+        self.storage_retries = Counter(
+            "fermix_storage_retries",
+            "Write batches that failed with an error that can pass and were tried again.",
+        )
+        self.storage_errors = Counter(
+            "fermix_storage_errors", "Writes not kept: their batch failed for good."
+        )
+        self.compose_seconds = Histogram(
+            "fermix_compose_seconds",
+            "Seconds to compose a prompt (files and window).",
+            LATENCY_BUCKETS,
+        )
+        self.reviews = Counter(
+            "fermix_reviews",
+            "Reviews by outcome (applied, nothing, failed, skipped).",
+            ("outcome",),
+        )
+        self.compactions = Counter(
+            "fermix_compactions",
+            "Compactions by outcome (compacted, skipped, failed).",
+            ("outcome",),
+        )
+        self.recalls = Counter(
+            "fermix_recalls", "Recalls of memory rows, by who asked (tool, host).", ("source",)
+        )
+        self.model_calls = Counter(
+            "fermix_model_calls",
+            "Model calls (one per model tried), by model, agent and outcome.",
+            ("model", "agent", "outcome"),
+        )
+        self.model_failures = Counter(
+            "fermix_model_failures",
+            "Failed model calls by model, agent and error class.",
+            ("model", "agent", "error"),
+        )
+        self.model_seconds = Histogram(
+            "fermix_model_call_seconds",
+            "Seconds of one model call, by model and agent.",
+            MODEL_BUCKETS,
+            ("model", "agent"),
+        )
+        self.model_tokens = Counter(
+            "fermix_model_tokens",
+            "Tokens the models reported, by model, agent and direction.",
+            ("model", "agent", "direction"),
+        )
+        self._gauges: dict[str, tuple[str, Read]] = {}
+        self._external: dict[str, tuple[str, Read]] = {}
+        self._lock = threading.Lock()
+        self._own_provider: Any | None = None
+        self.tracer: Any | None = None
+        """The OpenTelemetry tracer of fermix's spans; None when tracing is off."""
+        config = tracing if tracing is not None else TracingConfig()
+        if tracer_provider is not None or config.enabled:
+            self.tracer = self._make_tracer(config, tracer_provider)
+
+    # -- what the runtime counts ---------------------------------------------------------
+
+    def gauge(self, name: str, doc: str, read: Read) -> None:
+        """Expose ``read()`` as gauge ``name`` at each scrape (a queue depth, live actors)."""
+        with self._lock:
+            self._gauges[name] = (doc, read)
+
+    def counted(self, name: str, doc: str, read: Read) -> None:
+        """Expose ``read()``, a count kept elsewhere, as counter ``name`` (without ``_total``)."""
+        with self._lock:
+            self._external[name] = (doc, read)
+
+    def appended(self, outcome: str, seconds: float) -> None:
+        """One append ended: ``stored``, ``replayed`` or ``failed``, after ``seconds``."""
+        self.appends.inc((outcome,))
+        self.append_seconds.observe(seconds)
+
+    # CommitObserver (fermix.storage.leaders): the group commit's batches.
+
+    def committed(self, units: int, seconds: float) -> None:
+        """A batch of ``units`` writes committed in one transaction of ``seconds``."""
+        self.commits.inc()
+        self.commit_batch_size.observe(units)
+        self.commit_seconds.observe(seconds)
+
+    def retried(self) -> None:
+        """A batch is tried again after an error that can pass."""
+        self.storage_retries.inc()
+
+    def failed(self, units: int) -> None:
+        """A batch of ``units`` writes failed for good."""
+        self.storage_errors.inc(n=units)
+
+    # CallObserver (fermix.llm): each model tried.
+
+    def attempt(self, agent: str, model: str) -> ModelAttempt:
+        """One model call about to be made: a span when tracing, and its metrics at end."""
+        return ModelAttempt(self, agent, model)
+
+    # -- spans ---------------------------------------------------------------------------
+
+    def span(
+        self, name: str, attributes: Mapping[str, Any]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """A current span ``name`` (None inside when tracing is off: a shared no-op)."""
+        if self.tracer is None:
+            return _NO_SPAN
+        return self.tracer.start_as_current_span(name, attributes=dict(attributes))  # type: ignore[no-any-return]
+
+    # -- exposition ----------------------------------------------------------------------
+
+    @functools.cached_property
+    def registry(self) -> CollectorRegistry:
+        """A prometheus-client ``CollectorRegistry`` of these metrics (``Memory.metrics``):
+        an embedded host serves it with its own exporter, the server at ``GET /metrics``."""
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(_Collector(self))
+        return registry
+
+    def readings(self) -> Iterator[tuple[str, str, str, float]]:
+        """Each gauge and external counter read now: kind, name, doc, value. A reading
+        that fails (the store closed under a scrape) is left out and logged."""
+        with self._lock:
+            taken = [("gauge", n, d, r) for n, (d, r) in self._gauges.items()]
+            taken += [("counter", n, d, r) for n, (d, r) in self._external.items()]
+        for kind, name, doc, read in taken:
+            try:
+                yield kind, name, doc, float(read())
+            except (FermixError, OSError) as exc:
+                log.warning("metric %s not read: %s", name, exc)
+
+    def close(self) -> None:
+        """Send the spans still buffered by a provider this made itself, and stop it."""
+        provider, self._own_provider = self._own_provider, None
+        if provider is not None:
+            provider.shutdown()
+
+    # -- the tracer ----------------------------------------------------------------------
+
+    def _make_tracer(self, config: TracingConfig, provider: Any | None) -> Any:
+        """The tracer: of ``provider`` when given; else of a provider exporting over OTLP/HTTP
+        to ``otlp_endpoint`` or the ``OTEL_EXPORTER_OTLP_*`` variables; else of the global
+        provider (a host that set up OpenTelemetry itself)."""
+        try:
+            from opentelemetry import trace
+        except ImportError as exc:
+            raise ConfigError(NO_OTEL) from exc
+        if provider is None:
+            if config.otlp_endpoint is not None or any(
+                os.environ.get(v) for v in OTEL_ENDPOINT_VARIABLES
+            ):
+                provider = self._own_provider = _otlp_provider(config)
+            else:
+                provider = trace.get_tracer_provider()
+        return provider.get_tracer("fermix", _version())
+
+
+def _otlp_provider(config: TracingConfig) -> Any:
+    """A TracerProvider batching spans to OTLP/HTTP (``<endpoint>/v1/traces``)."""
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise ConfigError(NO_OTEL) from exc
+    endpoint = config.otlp_endpoint
+    exporter = OTLPSpanExporter(
+        endpoint=None if endpoint is None else endpoint.rstrip("/") + "/v1/traces"
+    )
+    provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+class ModelAttempt:
+    """One model call under way (:meth:`Telemetry.attempt`): its span and its clock."""
+
+    __slots__ = ("_agent", "_model", "_span", "_started", "_telemetry")
+
+    def __init__(self, telemetry: Telemetry, agent: str, model: str) -> None:
+        self._telemetry = telemetry
+        self._agent = agent
+        self._model = model
+        self._span: Any | None = None
+        tracer = telemetry.tracer
+        if tracer is not None:
+            from opentelemetry.trace import SpanKind
+
+            attributes: dict[str, Any] = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.request.model": model,
+                "gen_ai.agent.name": agent,
+            }
+            if "/" in model:
+                attributes["gen_ai.provider.name"] = model.split("/", 1)[0]
+            self._span = tracer.start_span(
+                f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
+            )
+        self._started = time.perf_counter()
+
+    def succeeded(self, usage: Usage, finish_reason: str | None) -> None:
+        """The model answered, reporting ``usage``."""
+        t = self._telemetry
+        seconds = time.perf_counter() - self._started
+        labels = (self._model, self._agent)
+        t.model_calls.inc((*labels, "ok"))
+        t.model_seconds.observe(seconds, labels)
+        t.model_tokens.inc((*labels, "input"), usage.prompt_tokens)
+        t.model_tokens.inc((*labels, "output"), usage.completion_tokens)
+        span = self._span
+        if span is not None:
+            span.set_attribute("gen_ai.usage.input_tokens", usage.prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", usage.completion_tokens)
+            if finish_reason is not None:
+                span.set_attribute("gen_ai.response.finish_reasons", [finish_reason])
+            span.end()
+
+    def failed(self, error: str) -> None:
+        """The call failed with an error of class ``error``."""
+        t = self._telemetry
+        seconds = time.perf_counter() - self._started
+        labels = (self._model, self._agent)
+        t.model_calls.inc((*labels, "failed"))
+        t.model_failures.inc((*labels, error))
+        t.model_seconds.observe(seconds, labels)
+        span = self._span
+        if span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            span.set_attribute("error.type", error)
+            span.set_status(Status(StatusCode.ERROR, error))
+            span.end()
+
+
+class _Collector:
+    """prometheus-client's custom collector over a :class:`Telemetry`'s series."""
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        t = self._telemetry
+        for metric in vars(t).values():
+            if isinstance(metric, Counter):
+                family = CounterMetricFamily(metric.name, metric.doc, labels=metric.labels)
+                series = metric.series() or ([] if metric.labels else [((), 0.0)])
+                for values, value in series:
+                    family.add_metric(list(values), value)
+                yield family
+            elif isinstance(metric, Histogram):
+                histogram = HistogramMetricFamily(metric.name, metric.doc, labels=metric.labels)
+                for values, buckets, total in metric.series():
+                    histogram.add_metric(list(values), buckets, total)
+                yield histogram
+        for kind, name, doc, value in t.readings():
+            yield (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+                name, doc, value=value
+            )
+
+
+_NO_SPAN: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+"""What :meth:`Telemetry.span` returns when tracing is off (reentrant, shared)."""
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("fermix")
+    except metadata.PackageNotFoundError:
+        return "unknown"
