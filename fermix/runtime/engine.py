@@ -168,14 +168,13 @@ class Runtime:
         """Stop the sweep and the tree gracefully (queued writes finish first), then close
         the store."""
         with self._lock:
-            if not self._started or self._closed:
-                self._closed = True
-                return
+            started = self._started and not self._closed
             self._closed = True
         try:
-            self.services.close(timeout)
+            if started:
+                self.services.close(timeout)
         finally:
-            self.telemetry.close()
+            self.telemetry.close()  # the spans still buffered go out (O2)
 
     @property
     def services(self) -> Services:
