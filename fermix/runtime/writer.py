@@ -120,18 +120,20 @@ class Writer:
         if telemetry is None:
             return self._append(new, trust, peak_prompt_tokens, owner_id)
         started = time.perf_counter()
-        outcome = "failed"
         try:
-            if telemetry.tracer is None:
+            if telemetry.tracer is None:  # tracing off: no span, no attributes built
                 result = self._append(new, trust, peak_prompt_tokens, owner_id)
             else:
                 with telemetry.span("fermix.append", _span_attributes(new)) as span:
                     result = self._append(new, trust, peak_prompt_tokens, owner_id)
                     span.set_attribute("fermix.replayed", result.replayed)
-            outcome = "replayed" if result.replayed else "stored"
-            return result
-        finally:
-            telemetry.appended(outcome, time.perf_counter() - started)
+        except BaseException:
+            telemetry.appended("failed", time.perf_counter() - started)
+            raise
+        telemetry.appended(
+            "replayed" if result.replayed else "stored", time.perf_counter() - started
+        )
+        return result
 
     def _append(
         self, new: NewMessage, trust: str, peak_prompt_tokens: int | None, owner_id: str | None

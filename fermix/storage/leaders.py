@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
@@ -39,8 +38,8 @@ class CommitObserver(Protocol):
     thread after its batch, outside the committer's lock, and must be cheap.
     """
 
-    def committed(self, units: int, seconds: float) -> None:
-        """A batch of ``units`` writes committed in one transaction taking ``seconds``."""
+    def committed(self, units: int) -> None:
+        """A batch of ``units`` writes committed in one transaction."""
         ...
 
     def retried(self) -> None:
@@ -121,7 +120,7 @@ class GroupCommit:
         self.batches = 0
         """Transactions committed, for benchmarks and tests."""
         self.observer: CommitObserver | None = None
-        """Told of each batch (O1); None: nothing is timed."""
+        """Told of each batch (O1); None: no one is."""
 
     @property
     def queued(self) -> int:
@@ -259,7 +258,6 @@ class GroupCommit:
     def _commit_batch(self, batch: list[Unit]) -> None:
         """Commit ``batch`` in one transaction, retrying transient errors; set outcomes."""
         observer = self.observer
-        started = time.perf_counter() if observer is not None else 0.0
         try:
             try:
                 self._commit(batch)
@@ -302,7 +300,7 @@ class GroupCommit:
             raise
         self.batches += 1
         if observer is not None:
-            observer.committed(len(batch), time.perf_counter() - started)
+            observer.committed(len(batch))
 
     def _hand_out(self, batch: list[Unit], outcomes: list[tuple[bool, Any]]) -> None:
         """After the commit, give each unit of ``batch`` its outcome: its result, or its own

@@ -67,16 +67,17 @@ def test_o1_appends_and_their_commits_are_counted_in_the_embedded_registry(
         == 7
     )
     assert (
-        value(after, "fermix_append_seconds_count") - value(before, "fermix_append_seconds_count")
+        value(after, "fermix_append_seconds_count", outcome="stored")
+        - value(before, "fermix_append_seconds_count", outcome="stored")
         == 7
     )
-    assert value(after, "fermix_append_seconds_sum") > value(before, "fermix_append_seconds_sum")
+    assert total(after, "fermix_append_seconds_sum") > total(before, "fermix_append_seconds_sum")
     commits = value(after, "fermix_commits_total") - value(before, "fermix_commits_total")
-    assert 1 <= commits <= 7  # one after another: each its own commit, or shared
     units = value(after, "fermix_commit_batch_size_sum") - value(
         before, "fermix_commit_batch_size_sum"
     )
-    assert units >= 7
+    assert units >= 7  # every append was a unit of a committed batch
+    assert 1 <= commits <= units
     assert value(after, "fermix_commit_batch_size_bucket", le="+Inf") == value(
         after, "fermix_commit_batch_size_count"
     )

@@ -98,7 +98,7 @@ def test_o1_metrics_scraped_under_load_move_by_what_the_hosts_appended(
     assert stored(after) - stored(before) == appended
     assert during == sorted(during)  # a counter never goes back
     assert all(stored(before) <= seen <= stored(after) for seen in during)
-    count = ("fermix_append_seconds_count", ())
+    count = ("fermix_append_seconds_count", (("outcome", "stored"),))
     assert after[count] - before.get(count, 0.0) == appended
     commits = after[("fermix_commits_total", ())] - before[("fermix_commits_total", ())]
     assert 1 <= commits <= appended  # concurrent appends share commits
