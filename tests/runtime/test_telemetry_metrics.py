@@ -12,19 +12,22 @@ import sys
 import textwrap
 from pathlib import Path
 
+import apsw
 import pytest
 from factories import StartMemory, config_for
+from faults import FaultVFS
 from model_server import ModelServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fermix.api import Memory
 from fermix.config import Config, EmbeddingConfig, validate_key
-from fermix.errors import ConfigError
+from fermix.errors import ConfigError, WriteFailedError
 from fermix.runtime.telemetry import Counter, Histogram
 
 QUIET = Config(embedding=EmbeddingConfig(enabled=False))
 """No embedder: these tests count appends, not the background vectors."""
+_vfs = FaultVFS("fermix-faulty-telemetry")
 
 
 def samples(memory: Memory) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -162,6 +165,31 @@ def test_o1_no_label_carries_an_owner_id_or_a_chat_id(
     assert "fermix_appends_total" in text
     assert "chat-4242" not in text
     assert "owner-secret-77" not in text
+
+
+def test_o1_h3_storage_retries_and_writes_lost_for_good_are_counted(
+    start_memory: StartMemory,
+) -> None:
+    memory = start_memory(QUIET, vfs=_vfs.vfs_name)
+    conv = memory.conversation("bot", "cli", "1", owner_id="alice")
+    conv.append_user("before")
+    _vfs.plan.fail("write", times=2, error=apsw.IOError, suffix="-wal")
+    conv.append_user("after two faults")
+    found = samples(memory)
+    assert value(found, "fermix_storage_retries_total") >= 1
+    assert value(found, "fermix_storage_errors_total") == 0
+    assert value(found, "fermix_appends_total", outcome="stored") == 2
+
+    _vfs.plan.fail("write", times=None, error=apsw.IOError, suffix="-wal")
+    try:
+        with pytest.raises(WriteFailedError):
+            conv.append_user("lost")
+    finally:
+        _vfs.plan.clear()
+    found = samples(memory)
+    assert value(found, "fermix_storage_errors_total") >= 1
+    assert value(found, "fermix_appends_total", outcome="failed") == 1
+    assert value(found, "fermix_appends_total", outcome="stored") == 2
 
 
 def test_o1_the_registry_is_one_per_memory(start_memory: StartMemory, tmp_path: Path) -> None:

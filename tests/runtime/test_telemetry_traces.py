@@ -122,8 +122,8 @@ def test_o2_a_compaction_and_its_model_call_make_spans(
     memory = start_memory(config_for(model_server, context_window=8_000), tracer_provider=provider)
     conv = memory.conversation("bot", "cli", "1", owner_id="alice")
     for n in range(12):
-        conv.append_user(f"message {n}: " + "words " * 40)
-        conv.append_assistant(f"answer {n}: " + "more " * 40)
+        conv.append_user(f"message {n}: " + "words " * 150)
+        conv.append_assistant(f"answer {n}: " + "more " * 150)
     model_server.reply("A short summary of the talk so far.")
     result = memory.compact(conv, force=True)
 
