@@ -72,6 +72,8 @@ def test_o1_metrics_scraped_under_load_move_by_what_the_hosts_appended(
     before = scrape(server, SCRAPE_SECRET)
     failures: list[BaseException] = []
     done = threading.Event()
+    scraped_once = threading.Event()
+    """Set after a scrape taken while every host is halfway: the scrapes overlap the load."""
 
     def host(t: int) -> None:
         try:
@@ -79,6 +81,8 @@ def test_o1_metrics_scraped_under_load_move_by_what_the_hosts_appended(
                 conv = client.conversation(AGENT, "load", f"chat-{t}", owner_id=f"user-{t}")
                 for n in range(PER_THREAD):
                     conv.append_user(f"message {n} of thread {t}")
+                    if n == 0:
+                        assert scraped_once.wait(30)
         except BaseException as exc:  # noqa: BLE001 - handed to the assertion below
             failures.append(exc)
 
@@ -87,7 +91,8 @@ def test_o1_metrics_scraped_under_load_move_by_what_the_hosts_appended(
         thread.start()
     waiter = threading.Thread(target=lambda: ([t.join() for t in threads], done.set()))
     waiter.start()
-    during: list[float] = []
+    during = [stored(scrape(server, SCRAPE_SECRET))]
+    scraped_once.set()
     while not done.is_set():  # scraped while the hosts append: each one parses
         during.append(stored(scrape(server, SCRAPE_SECRET)))
     waiter.join()
@@ -98,6 +103,7 @@ def test_o1_metrics_scraped_under_load_move_by_what_the_hosts_appended(
     assert stored(after) - stored(before) == appended
     assert during == sorted(during)  # a counter never goes back
     assert all(stored(before) <= seen <= stored(after) for seen in during)
+    assert during[0] < stored(before) + appended  # the first was taken halfway
     count = ("fermix_append_seconds_count", (("outcome", "stored"),))
     assert after[count] - before.get(count, 0.0) == appended
     commits = after[("fermix_commits_total", ())] - before[("fermix_commits_total", ())]
@@ -108,7 +114,10 @@ def test_o1_metrics_scraped_under_load_move_by_what_the_hosts_appended(
     assert units >= appended
     assert after[("fermix_storage_errors_total", ())] == 0
     assert ("fermix_write_queue_depth", ()) in after
-    assert after[("fermix_live_conversations", ())] >= 1
+    with server.client(server.host_token) as client:  # a read starts the conversation's actor
+        conv = client.conversation(AGENT, "load", "chat-0", owner_id="user-0")
+        assert len(conv.history()) == PER_THREAD
+    assert scrape(server, SCRAPE_SECRET)[("fermix_live_conversations", ())] >= 1
     text = get(f"{server.url}/metrics", SCRAPE_SECRET)[2].decode()
     assert "user-0" not in text and "chat-0" not in text  # no owner nor chat id as a label
 
