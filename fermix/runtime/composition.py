@@ -278,11 +278,7 @@ class Services:
         """The readings of a scrape (O1): queues, live actors, vectors still to compute.
         Each reads what is there without starting anything: 0 before the tree starts."""
         t = self.telemetry
-        t.gauge(
-            "fermix_write_queue_depth",
-            "Writes waiting behind the group commit's running batch.",
-            lambda: self.storage.queued_writes,
-        )
+        t.commits_from(self.storage.commit_stats)
         t.gauge(
             "fermix_review_queue_depth",
             "Reviews sent to the Reviewers and not finished.",

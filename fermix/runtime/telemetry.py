@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from fermix.llm import Usage
+    from fermix.storage.leaders import CommitStats
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,6 @@ LATENCY_BUCKETS = (
 """Seconds of an append, a commit or a compose: tens of microseconds to seconds."""
 MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 """Seconds of one model call, up to twice the default timeout."""
-BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
-"""Writes committed in one transaction by the group commit."""
 
 OTEL_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 """OpenTelemetry's standard variables naming where OTLP spans go."""
@@ -192,16 +191,6 @@ class Telemetry:
             "Messages appended, by outcome (stored, replayed, failed).",
             self.append_seconds,
         )
-        self.commit_batch_size = Histogram(
-            "fermix_commit_batch_size",
-            "Writes committed together in one transaction by the group commit.",
-            BATCH_BUCKETS,
-        )
-        self.commits = Tally(
-            "fermix_commits",
-            "Write transactions the group commit committed.",
-            self.commit_batch_size,
-        )
         self.storage_retries = Counter(
             "fermix_storage_retries",
             "Write batches that failed with an error that can pass and were tried again.",
@@ -248,6 +237,7 @@ class Telemetry:
             "Tokens the models reported, by model, agent and direction.",
             ("model", "agent", "direction"),
         )
+        self._commit_stats: Callable[[], CommitStats] | None = None
         self._gauges: dict[str, tuple[str, Read]] = {}
         self._external: dict[str, tuple[str, Read]] = {}
         self._lock = threading.Lock()
@@ -274,11 +264,12 @@ class Telemetry:
         """One append ended: ``stored``, ``replayed`` or ``failed``, after ``seconds``."""
         self.append_seconds.observe(seconds, (outcome,))
 
-    # CommitObserver (fermix.storage.leaders): the group commit's batches.
+    def commits_from(self, read: Callable[[], CommitStats]) -> None:
+        """Expose the group commit's own counts at each scrape: commits, their batch sizes
+        (a histogram) and the writes queued behind it (a gauge)."""
+        self._commit_stats = read
 
-    def committed(self, units: int) -> None:
-        """A batch of ``units`` writes committed in one transaction."""
-        self.commit_batch_size.observe(units)
+    # CommitObserver (fermix.storage.leaders): the group commit's retries and failures.
 
     def retried(self) -> None:
         """A batch is tried again after an error that can pass."""
@@ -327,6 +318,42 @@ class Telemetry:
                 yield kind, name, doc, float(read())
             except (FermixError, OSError) as exc:
                 log.warning("metric %s not read: %s", name, exc)
+
+    def commit_families(self) -> Iterator[Any]:
+        """The group commit's counts as metric families (see :meth:`commits_from`)."""
+        read = self._commit_stats
+        if read is None:
+            return
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        try:
+            stats = read()
+        except (FermixError, OSError) as exc:
+            log.warning("commit metrics not read: %s", exc)
+            return
+        yield CounterMetricFamily(
+            "fermix_commits", "Write transactions the group commit committed.", stats.commits
+        )
+        running, buckets = 0, []
+        for slot, n in enumerate(stats.sizes[:-1]):
+            running += n
+            buckets.append((repr(float(2**slot)), float(running)))
+        buckets.append(("+Inf", float(running + stats.sizes[-1])))
+        yield HistogramMetricFamily(
+            "fermix_commit_batch_size",
+            "Writes committed together in one transaction by the group commit.",
+            buckets=buckets,
+            sum_value=float(stats.units),
+        )
+        yield GaugeMetricFamily(
+            "fermix_write_queue_depth",
+            "Writes waiting behind the group commit's running batch.",
+            stats.queued,
+        )
 
     def close(self) -> None:
         """Send the spans still buffered by a provider this made itself, and stop it."""
@@ -466,6 +493,7 @@ class _Collector:
                 for values, buckets, total in metric.series():
                     histogram.add_metric(list(values), buckets, total)
                 yield histogram
+        yield from t.commit_families()
         for kind, name, doc, value in t.readings():
             yield (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
                 name, doc, value=value

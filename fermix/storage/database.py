@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from fermix.errors import StorageError
-from fermix.storage.leaders import CommitObserver, GroupCommit
+from fermix.storage.leaders import SIZE_SLOTS, CommitObserver, CommitStats, GroupCommit
 from fermix.storage.port import Repair, Storage, Writes
 
 T = TypeVar("T")
@@ -79,14 +79,15 @@ class GroupCommitted(Storage):
         return 0 if self._committer is None else self._committer.batches
 
     def observe(self, observer: CommitObserver) -> None:
-        """Tell ``observer`` of every batch the group commit runs from now on (O1)."""
+        """Tell ``observer`` of the group commit's retries and failures from now on (O1)."""
         if self._committer is not None:
             self._committer.observer = observer
 
-    @property
-    def queued_writes(self) -> int:
-        """Writes waiting behind the batch the group commit runs (O1)."""
-        return 0 if self._committer is None else self._committer.queued
+    def commit_stats(self) -> CommitStats:
+        """What the group commit did so far, and the writes queued behind it (O1)."""
+        if self._committer is None:
+            return CommitStats(0, 0, (0,) * (SIZE_SLOTS + 1), 0)
+        return self._committer.stats()
 
     def close(self) -> None:
         """Finish the queued writes, then close every connection."""

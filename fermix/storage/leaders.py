@@ -15,6 +15,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import tenacity
@@ -30,17 +31,30 @@ Work = Callable[[Any], Any]
 """A unit: a function of the connection, or of the session the committer was given."""
 
 
+SIZE_SLOTS = 10
+"""Batch sizes are counted in slots of powers of two: slot ``i`` holds the batches of at
+most ``2 ** i`` writes (1, 2, 4, ... 512), the slot past them every larger one."""
+
+
+@dataclass(frozen=True)
+class CommitStats:
+    """What a group commit did so far (O1): read at a scrape, counted by the leader alone."""
+
+    commits: int
+    """Transactions committed."""
+    units: int
+    """Writes those transactions committed."""
+    sizes: tuple[int, ...]
+    """Transactions per slot of batch size (see :data:`SIZE_SLOTS`)."""
+    queued: int
+    """Writes waiting behind the batch that runs now."""
+
+
 class CommitObserver(Protocol):
-    """What a group commit tells about its batches, for the runtime's metrics (O1).
-
-    The storage layer knows nothing of Prometheus: the composition root passes an observer
-    in (:meth:`fermix.storage.port.Storage.observe`). Each call comes from the leader's
-    thread after its batch, outside the committer's lock, and must be cheap.
-    """
-
-    def committed(self, units: int) -> None:
-        """A batch of ``units`` writes committed in one transaction."""
-        ...
+    """What a group commit tells of its failures, for the runtime's metrics (O1): the
+    composition root passes one in (:meth:`fermix.storage.port.Storage.observe`), so that
+    storage imports nothing of them. Committed batches are not told: the committer counts
+    them itself (:class:`CommitStats`), at no cost to a commit but an addition."""
 
     def retried(self) -> None:
         """A batch failed with an error that can pass and is being tried again."""
@@ -120,12 +134,15 @@ class GroupCommit:
         self.batches = 0
         """Transactions committed, for benchmarks and tests."""
         self.observer: CommitObserver | None = None
-        """Told of each batch (O1); None: no one is."""
+        """Told of retries and failures (O1); None: no one is."""
+        self._units = 0
+        self._sizes = [0] * (SIZE_SLOTS + 1)
+        # batches, _units and _sizes change only in the leader's thread, which holds the
+        # connection alone: no lock; a scrape reads them as they are.
 
-    @property
-    def queued(self) -> int:
-        """Units waiting behind the batch that runs (a gauge: read without the lock)."""
-        return len(self._queue)
+    def stats(self) -> CommitStats:
+        """The commits so far, their writes and sizes, and the writes queued now (O1)."""
+        return CommitStats(self.batches, self._units, tuple(self._sizes), len(self._queue))
 
     def run(self, work: Callable[[Any], T], *, label: str = "write") -> T:
         """Run ``work(conn)`` in a write transaction; return its result once committed.
@@ -299,8 +316,9 @@ class GroupCommit:
                 unit.value = exc
             raise
         self.batches += 1
-        if observer is not None:
-            observer.committed(len(batch))
+        units = len(batch)
+        self._units += units
+        self._sizes[min((units - 1).bit_length(), SIZE_SLOTS)] += 1
 
     def _hand_out(self, batch: list[Unit], outcomes: list[tuple[bool, Any]]) -> None:
         """After the commit, give each unit of ``batch`` its outcome: its result, or its own

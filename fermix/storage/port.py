@@ -45,7 +45,7 @@ from fermix.model import (
 )
 
 if TYPE_CHECKING:
-    from fermix.storage.leaders import CommitObserver
+    from fermix.storage.leaders import CommitObserver, CommitStats
 
 T = TypeVar("T")
 
@@ -988,13 +988,13 @@ class Storage(Protocol):
         ...
 
     def observe(self, observer: CommitObserver) -> None:
-        """Tell ``observer`` of every batch the group commit runs from now on: the
+        """Tell ``observer`` of the group commit's retries and failures from now on: the
         runtime's metrics (O1), passed in so that storage imports none of them."""
         ...
 
-    @property
-    def queued_writes(self) -> int:
-        """Writes waiting behind the batch the group commit runs (a gauge, O1)."""
+    def commit_stats(self) -> CommitStats:
+        """What the group commit did so far (commits, their writes, their sizes) and the
+        writes queued behind it now (O1)."""
         ...
 
     def close(self) -> None:
