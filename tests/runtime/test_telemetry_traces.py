@@ -8,6 +8,8 @@ the review's span. Real Memory, real SQLite, the loopback model server.
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +26,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from fermix.config import Config, EmbeddingConfig, TracingConfig
+from fermix.errors import ConfigError
 from fermix.runtime.telemetry import Telemetry
 
 
@@ -141,15 +144,20 @@ def test_o2_a_compaction_and_its_model_call_make_spans(
     assert call.parent.span_id == compaction.context.span_id
 
 
-def test_o2_a_recall_makes_a_span(
+def test_o2_a_recall_by_the_host_and_by_the_memory_tool_each_make_a_span(
     start_memory: StartMemory, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
     memory = start_memory(
         Config(embedding=EmbeddingConfig(enabled=False)), tracer_provider=provider
     )
     memory.recall_rows("porto", agent_id="bot")
-    (recall,) = named(exporter, "fermix.recall")
-    assert recall.attributes is not None and recall.attributes["fermix.source"] == "host"
+    conv = memory.conversation("bot", "cli", "1", owner_id="alice")
+    call = {"id": "c1", "function": {"name": "memory_recall", "arguments": '{"query": "porto"}'}}
+    assert "error" not in json.loads(memory.tools.run(call, conv))
+    sources = sorted(
+        str((s.attributes or {})["fermix.source"]) for s in named(exporter, "fermix.recall")
+    )
+    assert sources == ["host", "tool"]
 
 
 def test_o2_no_span_attribute_carries_an_owner_id_or_a_chat_id(
@@ -173,6 +181,14 @@ def test_o2_no_span_attribute_carries_an_owner_id_or_a_chat_id(
 
 def test_o2_tracing_off_makes_no_tracer() -> None:
     assert Telemetry(TracingConfig()).tracer is None
+
+
+def test_o2_tracing_asked_for_without_opentelemetry_is_a_config_error_naming_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if the extra were missing
+    with pytest.raises(ConfigError, match=r"fermix\[otel\]"):
+        Telemetry(TracingConfig(enabled=True))
 
 
 class _Collector(BaseHTTPRequestHandler):
@@ -230,3 +246,18 @@ def test_o2_configured_tracing_exports_the_spans_over_otlp_http(
                 names |= {span.name for span in scope.spans}
     assert "fermix.append" in names
     assert services == {"fermix-test"}
+
+
+def test_o2_without_an_endpoint_the_standard_otel_variables_say_where_spans_go(
+    start_memory: StartMemory,
+    collector: tuple[str, type[_Collector]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, handler = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url)
+    config = Config(embedding=EmbeddingConfig(enabled=False), tracing=TracingConfig(enabled=True))
+    memory = start_memory(config)
+    memory.conversation("bot", "cli", "1", owner_id="alice").append_user("hello")
+    memory.close()
+    assert handler.arrived.wait(10)
+    assert {path for path, _ in handler.received} == {"/v1/traces"}
