@@ -28,8 +28,8 @@ a baseline measured in the same run:
 
 (f) (a) with tracing off, as shipped (the metrics count every append, O1; no span is made,
     O2), against the same path with no instrumentation at all (the runtime's
-    ``instrumented`` switched off: no clock read, no count), on two Memories appending in
-    turn, message by message, the one going first swapped each time:
+    ``instrumented`` switched off: no clock read, no count on the append path), on two
+    Memories appending in turn, message by message, the one going first swapped each time:
     ``tracing_off_overhead_pct`` is how much longer the median append takes with the
     instrumentation, in per cent (``_mean``: the mean of the fastest 90 %; a mean of them all
     is the WAL's occasional fsync, which lands on either). Target: at most 3 %.
