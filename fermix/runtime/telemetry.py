@@ -407,7 +407,7 @@ class ModelAttempt:
     def __init__(self, telemetry: Telemetry, agent: str, model: str) -> None:
         self._telemetry = telemetry
         self._agent = agent
-        self._model = model
+        self._model = model if model.isascii() else _utf8(model)
         self._span: Any | None = None
         tracer = telemetry.tracer
         if tracer is not None:
@@ -415,13 +415,13 @@ class ModelAttempt:
 
             attributes: dict[str, Any] = {
                 "gen_ai.operation.name": "chat",
-                "gen_ai.request.model": model,
+                "gen_ai.request.model": self._model,
                 "gen_ai.agent.name": agent,
             }
-            if "/" in model:
-                attributes["gen_ai.provider.name"] = model.split("/", 1)[0]
+            if "/" in self._model:
+                attributes["gen_ai.provider.name"] = self._model.split("/", 1)[0]
             self._span = tracer.start_span(
-                f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes
+                f"chat {self._model}", kind=SpanKind.CLIENT, attributes=attributes
             )
         self._started = time.perf_counter()
 
@@ -478,7 +478,7 @@ class _Collector:
                 family = CounterMetricFamily(metric.name, metric.doc, labels=metric.labels)
                 series = metric.series() or ([] if metric.labels else [((), 0.0)])
                 for values, value in series:
-                    family.add_metric(list(values), value)
+                    family.add_metric(_labels(values), value)
                 yield family
             elif isinstance(metric, Tally):
                 family = CounterMetricFamily(
@@ -486,18 +486,29 @@ class _Collector:
                 )
                 counts = metric.histogram.counts()
                 for values, value in counts or ([] if metric.histogram.labels else [((), 0.0)]):
-                    family.add_metric(list(values), value)
+                    family.add_metric(_labels(values), value)
                 yield family
             elif isinstance(metric, Histogram):
                 histogram = HistogramMetricFamily(metric.name, metric.doc, labels=metric.labels)
                 for values, buckets, total in metric.series():
-                    histogram.add_metric(list(values), buckets, total)
+                    histogram.add_metric(_labels(values), buckets, total)
                 yield histogram
         yield from t.commit_families()
         for kind, name, doc, value in t.readings():
             yield (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
                 name, doc, value=value
             )
+
+
+def _labels(values: Labels) -> list[str]:
+    """Label values as the text format can carry them: a lone surrogate would fail the whole
+    scrape's UTF-8 encoding, so it becomes ``?`` (model names are made so when counted)."""
+    return [v if v.isascii() else _utf8(v) for v in values]
+
+
+def _utf8(text: str) -> str:
+    """``text`` with what UTF-8 cannot carry (a lone surrogate) as ``?``."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 _NO_SPAN: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()

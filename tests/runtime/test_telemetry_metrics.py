@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fermix.api import Memory
 from fermix.config import Config, EmbeddingConfig, validate_key
 from fermix.errors import ConfigError, WriteFailedError
-from fermix.runtime.telemetry import Counter, Histogram
+from fermix.runtime.telemetry import Counter, Histogram, Telemetry
 
 QUIET = Config(embedding=EmbeddingConfig(enabled=False))
 """No embedder: these tests count appends, not the background vectors."""
@@ -251,3 +251,28 @@ def test_o1_o2_a_memory_that_appends_imports_neither_prometheus_nor_opentelemetr
     assert run.returncode == 0, run.stderr
     assert "before: []" in run.stdout
     assert "after: True False" in run.stdout
+
+
+def test_o1_hostile_label_values_and_texts_survive_the_text_format() -> None:
+    """A model name is the config's (or the code's) and an error class the library's, but
+    whatever they hold, the exposition stays parseable and each value intact, but for a
+    lone surrogate, which UTF-8 cannot carry: it becomes ``?``."""
+    from hostile_data import TEXTS
+    from prometheus_client import CollectorRegistry
+
+    from fermix.llm import Usage
+
+    telemetry = Telemetry()
+    names = [text for text in TEXTS if text and len(text) < 2000]
+    for name in names:
+        telemetry.attempt("memory_reviewer", name).succeeded(Usage(3, 4, 7), "stop")
+    registry: CollectorRegistry = telemetry.registry
+    parsed = {
+        s.labels["model"]: s.value
+        for family in text_string_to_metric_families(generate_latest(registry).decode())
+        if family.name == "fermix_model_calls"
+        for s in family.samples
+    }
+    shown = [name.encode("utf-8", "replace").decode("utf-8") for name in names]
+    assert parsed == {name: float(shown.count(name)) for name in shown}
+    assert any(name != text for name, text in zip(shown, names, strict=True))  # one had one
