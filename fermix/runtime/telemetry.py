@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import functools
 import logging
 import os
 import threading
@@ -237,6 +236,7 @@ class Telemetry:
             "Tokens the models reported, by model, agent and direction.",
             ("model", "agent", "direction"),
         )
+        self._registry: CollectorRegistry | None = None
         self._commit_stats: Callable[[], CommitStats] | None = None
         self._gauges: dict[str, tuple[str, Read]] = {}
         self._external: dict[str, tuple[str, Read]] = {}
@@ -297,15 +297,19 @@ class Telemetry:
 
     # -- exposition ----------------------------------------------------------------------
 
-    @functools.cached_property
+    @property
     def registry(self) -> CollectorRegistry:
-        """A prometheus-client ``CollectorRegistry`` of these metrics (``Memory.metrics``):
-        an embedded host serves it with its own exporter, the server at ``GET /metrics``."""
-        from prometheus_client import CollectorRegistry
+        """A prometheus-client ``CollectorRegistry`` of these metrics (``Memory.metrics``),
+        made on first use, the same one after: an embedded host serves it with its own
+        exporter, the server at ``GET /metrics``."""
+        with self._lock:
+            if self._registry is None:
+                from prometheus_client import CollectorRegistry
 
-        registry = CollectorRegistry(auto_describe=True)
-        registry.register(_Collector(self))
-        return registry
+                registry = CollectorRegistry(auto_describe=False)
+                registry.register(_Collector(self))
+                self._registry = registry
+            return self._registry
 
     def readings(self) -> Iterator[tuple[str, str, str, float]]:
         """Each gauge and external counter read now: kind, name, doc, value. A reading
