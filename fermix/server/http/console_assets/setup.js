@@ -1,0 +1,34 @@
+// Setup: the values of config.toml the seed's web setup sets, checked by the server as
+// `fermix config set` checks them (W1).
+
+import { el, fill, table } from "./dom.js";
+
+export async function render(root, ctx) {
+  const state = await ctx.get("/console/api/setup");
+  draw(root, ctx, state);
+}
+
+function draw(root, ctx, state) {
+  const rows = state.keys.map((k) => {
+    const id = `set-${k.key.split(".").slice(1).join("-")}`;
+    const input = el("input", { id, name: k.key, value: k.value, "aria-describedby": `${id}-doc` });
+    const form = el("form", { class: "inline" },
+      el("label", { for: id }, k.key.split(".").slice(1).join(".")),
+      input,
+      el("button", { type: "submit" }, "Save"));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      ctx.attempt(async () => {
+        const next = await ctx.send("POST", "/console/api/setup", { key: k.key, value: input.value });
+        draw(root, ctx, next);
+      }, `${k.key} saved; it applies ${state.applies}.`);
+    });
+    return [form, el("span", { id: `${id}-doc` }, `${k.doc} Accepts ${k.accepts}.`),
+            k.default, k.set_in_file ? "config.toml" : "default"];
+  });
+  fill(root,
+    el("h2", {}, "Setup"),
+    el("p", { class: "help" }, `Written to ${state.path}, keeping its comments; values apply ${state.applies}. `
+      + "An empty value unsets the key (its default applies). Review interval: hours, 0 turns background review off."),
+    table("setup keys", ["key and value", "what", "default", "from"], rows));
+}

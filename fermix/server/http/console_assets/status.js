@@ -1,0 +1,67 @@
+// Status: the server's status document, polled; rates and queues charted over the last
+// minutes on a canvas (no inline style: CSP), as text too for a screen reader (W1, N7).
+
+import { el, fill, table } from "./dom.js";
+
+const POLL_MS = 2000;
+const KEEP = 150; // five minutes of samples
+
+const history = [];
+
+function draw(canvas, series) {
+  const g = canvas.getContext("2d");
+  const w = (canvas.width = canvas.clientWidth || 600);
+  const h = (canvas.height = canvas.clientHeight || 128);
+  g.clearRect(0, 0, w, h);
+  const colours = ["#0a58ca", "#116329", "#b42318", "#8250df"];
+  const top = Math.max(1, ...series.flatMap(([, values]) => values));
+  series.forEach(([, values], i) => {
+    g.strokeStyle = colours[i % colours.length];
+    g.beginPath();
+    values.forEach((v, x) => {
+      const px = (x / Math.max(1, KEEP - 1)) * w;
+      const py = h - (v / top) * (h - 4) - 2;
+      if (x === 0) g.moveTo(px, py); else g.lineTo(px, py);
+    });
+    g.stroke();
+  });
+}
+
+export async function render(root, ctx) {
+  const now = el("div", { id: "status-now" });
+  const rates = el("canvas", { id: "rates", role: "img", "aria-label": "Requests and appends per second" });
+  const queues = el("canvas", { id: "queues", role: "img", "aria-label": "Reviews and compactions queued" });
+  fill(root, el("h2", {}, "Status"),
+    el("h3", {}, "Requests and appends per second (blue, green)"), rates,
+    el("h3", {}, "Reviews and compactions running and queued"), queues, now);
+  let stopped = false;
+  const poll = async () => {
+    const s = await ctx.get("/v1/status");
+    history.push(s);
+    while (history.length > KEEP) history.shift();
+    const per = (name) => history.map((d) => (d.per_second || {})[name] || 0);
+    const num = (name) => history.map((d) => d[name] || 0);
+    draw(rates, [["requests", per("requests")], ["appends", per("appends")]]);
+    draw(queues, [["reviews_queued", num("reviews_queued")], ["compactions_queued", num("compactions_queued")],
+                  ["reviews_running", num("reviews_running")], ["compactions_running", num("compactions_running")]]);
+    const keys = ["live_conversations", "passivated", "reviews_running", "reviews_queued",
+                  "compactions_running", "compactions_queued"];
+    fill(now,
+      table("now", ["what", "value"], [
+        ...keys.map((k) => [k, String(s[k] ?? "")]),
+        ...Object.entries(s.per_second || {}).map(([k, v]) => [`${k} per second`, String(v)]),
+        ["failure", s.failure || "none"],
+      ]),
+      el("h3", {}, "Last errors"),
+      (s.last_errors || []).length === 0 ? el("p", { class: "muted" }, "None.")
+        : el("ul", { class: "plain" }, s.last_errors.map((e) => el("li", {}, `${e.where}: ${e.message}`))));
+  };
+  await poll();
+  const timer = window.setInterval(() => {
+    if (!stopped) ctx.attempt(poll);
+  }, POLL_MS);
+  return () => {
+    stopped = true;
+    window.clearInterval(timer);
+  };
+}
