@@ -22,8 +22,6 @@ from fermix.api import Memory
 from fermix.server.http.app import create_app
 from fermix.server.http.sessions import COOKIE, Sessions
 
-pytestmark = pytest.mark.keep_actors
-
 ASSETS = Path(__file__).parents[2] / "fermix" / "server" / "http" / "console_assets"
 
 

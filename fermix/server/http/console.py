@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fermix import model, wire
@@ -325,6 +325,8 @@ class SetupIn(BaseModel):
     """One setup value: a TOML literal or text, as ``fermix config set KEY VALUE`` reads
     it; empty unsets the key (back to its default)."""
 
+    model_config = ConfigDict(extra="forbid")
+
     key: str = Field(description="A dotted key of the setup page.")
     value: str = Field(max_length=2000, description="A TOML literal (24, true) or text.")
 
@@ -392,7 +394,8 @@ def change_setup(request: Request, body: SetupIn, token: Operator) -> dict[str, 
         try:
             if body.value.strip() == "":
                 document = read_document(path)
-                unset_document_value(document, body.key)
+                if not unset_document_value(document, body.key):
+                    return _setup_state(memory)  # not set: nothing to write
             else:
                 value = parse_value(body.value.strip())
                 checked_value(body.key, value)
@@ -413,6 +416,8 @@ def change_setup(request: Request, body: SetupIn, token: Operator) -> dict[str, 
 
 class TokenIn(BaseModel):
     """A token to create: the agents it acts for, whether it is the operator's, a name."""
+
+    model_config = ConfigDict(extra="forbid")
 
     agents: list[str] = Field(min_length=1, max_length=50)
     operator: bool = False
@@ -509,3 +514,17 @@ def reviews(
         ],
         "last_errors": metrics.get("last_errors", []),
     }
+
+
+# -- doctor's checks (W1) -----------------------------------------------------------------
+
+
+@router.get(PREFIX + "/api/doctor")
+def doctor(request: Request, token: Operator) -> dict[str, Any]:
+    """``fermix doctor``'s checks of the server's home, read-only (no ``--fix``, no model
+    call, the quick integrity check): what the status page shows on demand."""
+    from fermix.cli.doctor_checks import diagnosis
+    from fermix.clock import now_ms
+
+    report: dict[str, Any] = diagnosis.diagnose(_memory(request).home, now=now_ms()).as_dict()
+    return report

@@ -1,7 +1,7 @@
 // Status: the server's status document, polled; rates and queues charted over the last
 // minutes on a canvas (no inline style: CSP), as text too for a screen reader (W1, N7).
 
-import { el, fill, table } from "./dom.js";
+import { button, el, fill, table } from "./dom.js";
 
 const POLL_MS = 2000;
 const KEEP = 150; // five minutes of samples
@@ -31,9 +31,19 @@ export async function render(root, ctx) {
   const now = el("div", { id: "status-now" });
   const rates = el("canvas", { id: "rates", role: "img", "aria-label": "Requests and appends per second" });
   const queues = el("canvas", { id: "queues", role: "img", "aria-label": "Reviews and compactions queued" });
+  const checks = el("div", { id: "doctor" });
+  const runChecks = button("Run doctor's checks", () => ctx.attempt(async () => {
+    fill(checks, el("p", { class: "muted" }, "Checking..."));
+    const report = await ctx.get("/console/api/doctor");
+    fill(checks,
+      el("p", {}, report.ok ? "Every check passed or warned." : "Some check failed."),
+      table("doctor's checks", ["check", "status", "summary", "hint"],
+        report.checks.map((c) => [c.name, c.status, c.summary, c.hint || ""])));
+  }));
   fill(root, el("h2", {}, "Status"),
     el("h3", {}, "Requests and appends per second (blue, green)"), rates,
-    el("h3", {}, "Reviews and compactions running and queued"), queues, now);
+    el("h3", {}, "Reviews and compactions running and queued"), queues, now,
+    el("section", {}, el("h3", {}, "Doctor"), runChecks, checks));
   let stopped = false;
   const poll = async () => {
     const s = await ctx.get("/v1/status");
