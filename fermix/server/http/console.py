@@ -106,7 +106,9 @@ class ConsoleHeaders:
 
 
 def _asset(name: str) -> bytes:
-    return resources.files("fermix.server.http").joinpath("console_assets", name).read_bytes()
+    return (
+        resources.files("fermix.server.http").joinpath("console_assets").joinpath(name).read_bytes()
+    )
 
 
 def _page(name: str, status: int = 200) -> Response:

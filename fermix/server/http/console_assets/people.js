@@ -20,7 +20,7 @@ export async function render(root, ctx) {
   );
   if (owners.length === 0) return;
   const showOwner = () => person(body, ctx, ownerSelect.value);
-  ownerSelect.addEventListener("change", showOwner);
+  ownerSelect.addEventListener("change", () => ctx.attempt(showOwner));
   await showOwner();
 }
 
