@@ -46,6 +46,8 @@ MARKUP = [t for t in TEXTS if "<script" in t] + [
     t for t in TEXTS if ("<" in t or "&" in t) and "<script" not in t
 ][:5]
 """Hostile catalogue texts that would be markup if a page ever parsed them as HTML."""
+HOSTILE_OWNER = "<script>alert(1)</script>"
+"""An owner id from the catalogue: shown as an option's text, never run."""
 CONFIG = """\
 # Hand-written: this comment must survive the console's edit (W1).
 [fermix_core.memory]
@@ -164,6 +166,9 @@ def test_w3_the_console_in_headless_chromium_does_each_page_and_refuses_forgerie
     sync_playwright = _browser_or_skip()
     _seed(home)
     server = start_server(CONFIG)
+    talk = server.client().conversation(AGENT, "telegram", "hostile", owner_id=HOSTILE_OWNER)
+    for text in MARKUP:
+        talk.append_user(text)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -226,6 +231,8 @@ def _walk(walk: Walk, context: Any, attacker: ThreadingHTTPServer, dialogs: list
     before = walk.user_md()
     assert "black coffee" in before["content"]
     page.get_by_label("File", exact=True).select_option("user_md")
+    page.locator("#file-text", has_text="black coffee").wait_for()
+    assert "<script>alert(1)</script>" in page.locator("#file-text").text_content()
     page.get_by_role("button", name="Roll USER.md back to revision 1", exact=True).click()
     walk.notice("rolled back to revision 1")
     after = walk.user_md()
@@ -239,6 +246,17 @@ def _walk(walk: Walk, context: Any, attacker: ThreadingHTTPServer, dialogs: list
     assert "black coffee" in " ".join(diff.locator(".diff-del").all_text_contents())
     assert "green tea" in " ".join(diff.locator(".diff-add").all_text_contents())
     walk.shot("people-diff")
+
+    # -- a hostile owner's conversation: its id and messages are text ----------------------
+    assert HOSTILE_OWNER in page.locator("#owner option").all_text_contents()
+    page.get_by_label("Owner", exact=True).select_option(HOSTILE_OWNER)
+    page.get_by_role("button", name="Messages of telegram hostile", exact=True).click()
+    page.locator("#messages td").first.wait_for()
+    cells = page.locator("#messages td").all_text_contents()
+    for text in MARKUP:
+        assert text in cells, text
+    assert page.locator("main script, main img, main iframe").count() == 0
+    walk.shot("people-messages")
 
     # -- setup: the review interval, written into config.toml with its comment kept ----------
     walk.go("Setup")
