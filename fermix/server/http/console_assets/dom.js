@@ -1,5 +1,5 @@
 // Building the DOM from values as text only (W2): every value a page shows goes in through
-// a text node or textContent, never innerHTML, so a stored "<img onerror=...>" is letters.
+// a text node or textContent, never parsed as HTML, so a stored "<img onerror=...>" is letters.
 
 const FORBIDDEN = /^(on|style$|srcdoc$)/i;
 
