@@ -212,7 +212,7 @@ def _walk(walk: Walk, context: Any, attacker: ThreadingHTTPServer, dialogs: list
     page.locator("#rows td", has_text="Drinks black coffee").wait_for()
     page.get_by_label("Search", exact=True).fill("")
     page.get_by_role("button", name="Find", exact=True).click()
-    page.locator("#rows td", has_text="hostile0").wait_for()
+    page.get_by_role("cell", name="hostile0", exact=True).wait_for()
     cells = page.locator("#rows td").all_text_contents()
     for text in MARKUP:  # hostile values are text in cells, never elements
         assert text in cells, text
@@ -232,7 +232,8 @@ def _walk(walk: Walk, context: Any, attacker: ThreadingHTTPServer, dialogs: list
     assert "black coffee" in before["content"]
     page.get_by_label("File", exact=True).select_option("user_md")
     page.locator("#file-text", has_text="black coffee").wait_for()
-    assert "<script>alert(1)</script>" in page.locator("#file-text").text_content()
+    # The file holds "&lt;" as the renderer escaped it: as text it stays those four letters.
+    assert "&lt;/memory-context&gt;" in page.locator("#file-text").text_content()
     page.get_by_role("button", name="Roll USER.md back to revision 1", exact=True).click()
     walk.notice("rolled back to revision 1")
     after = walk.user_md()

@@ -1,7 +1,7 @@
 // Setup: the values of config.toml the seed's web setup sets, checked by the server as
 // `fermix config set` checks them (W1).
 
-import { el, fill, table } from "./dom.js";
+import { el, fill } from "./dom.js";
 
 export async function render(root, ctx) {
   const state = await ctx.get("/console/api/setup");
@@ -23,12 +23,14 @@ function draw(root, ctx, state) {
         draw(root, ctx, next);
       }, `${k.key} saved; it applies ${state.applies}.`);
     });
-    return [form, el("span", { id: `${id}-doc` }, `${k.doc} Accepts ${k.accepts}.`),
-            k.default, k.set_in_file ? "config.toml" : "default"];
+    return el("li", { class: "setting" }, form,
+      el("p", { id: `${id}-doc`, class: "help" },
+        `${k.doc} Accepts ${k.accepts}. Default ${k.default || "(unset)"}; now from `
+        + `${k.set_in_file ? "config.toml" : "the default"}.`));
   });
   fill(root,
     el("h2", {}, "Setup"),
     el("p", { class: "help" }, `Written to ${state.path}, keeping its comments; values apply ${state.applies}. `
       + "An empty value unsets the key (its default applies). Review interval: hours, 0 turns background review off."),
-    table("setup keys", ["key and value", "what", "default", "from"], rows));
+    el("ul", { class: "plain settings" }, rows));
 }
