@@ -167,6 +167,7 @@ def test_w2_every_write_needs_the_sessions_csrf_token_and_this_origin(
         assert answer.status_code == 403, answer.text
     after = config.read_text(encoding="utf-8") if config.exists() else None
     assert after == before
+    assert http.get("/v1/status").status_code == 200  # a read needs the session only
     good = http.post("/console/api/setup", json=body, headers={"X-CSRF-Token": csrf})
     assert good.status_code == 200, good.text
     assert "review_interval_hours = 3" in config.read_text(encoding="utf-8")
