@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient
 from server_fixtures import ServerProcess
 
 from fermix.api import Memory
+from fermix.model import ApiToken
 from fermix.server.http.app import create_app
-from fermix.server.http.sessions import COOKIE, Sessions
+from fermix.server.http.sessions import COOKIE, MAX_SESSIONS, Sessions
 
 ASSETS = Path(__file__).parents[2] / "fermix" / "server" / "http" / "console_assets"
 
@@ -261,3 +262,35 @@ def test_w2_a_session_expires_on_its_clock(memory: Memory) -> None:
         now[0] += 2
         assert client.get("/console/api/session").status_code == 401
         assert 'name="token"' in client.get("/console/").text
+
+
+def _token(token_id: int) -> ApiToken:
+    return ApiToken(token_id, "op", "fmx_abc", ("assistant",), True, 0)
+
+
+def test_w2_sessions_are_random_bounded_and_end_with_their_token() -> None:
+    """Each id and CSRF token is fresh; the oldest session goes past MAX_SESSIONS; revoking
+    a token ends its sessions only; an id is kept by its hash, never as given."""
+    sessions = Sessions(ttl_s=60, clock=lambda: 0.0)
+    first, session = sessions.create(_token(1))
+    second, other = sessions.create(_token(2))
+    assert first != second and session.csrf != other.csrf and len(first) >= 43
+    assert first not in repr(vars(sessions))
+    assert sessions.end_token(1) == 1
+    assert sessions.get(first) is None and sessions.get(second) == other
+    made = [sessions.create(_token(3))[0] for _ in range(MAX_SESSIONS)]
+    assert sessions.get(second) is None  # the oldest went first
+    assert sessions.get(made[-1]) is not None
+    assert sessions.end(made[-1]) and not sessions.end(made[-1])
+
+
+def test_w2_signing_in_again_replaces_the_session(
+    http: httpx.Client, module_server: ServerProcess
+) -> None:
+    sign_in(http, module_server.operator_token)
+    first = http.cookies[COOKIE]
+    sign_in(http, module_server.operator_token)
+    assert http.cookies[COOKIE] != first
+    assert http.get("/console/api/session").status_code == 200
+    with httpx.Client(base_url=module_server.url, cookies={COOKIE: first}) as stale:
+        assert stale.get("/console/api/session").status_code == 401

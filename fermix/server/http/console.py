@@ -157,6 +157,9 @@ async def sign_in(request: Request) -> Response:
     token = memory.tokens.authenticate(secret) if secret else None
     if token is None or not token.operator:
         return _page("signin-failed.html", status=401)
+    old = request.cookies.get(COOKIE)
+    if old:
+        sessions.end(old)  # signing in again replaces the session, never adds one
     session_id, _ = sessions.create(token)
     answer = RedirectResponse(PREFIX + "/", status_code=303)
     answer.set_cookie(
