@@ -294,3 +294,34 @@ def test_w2_signing_in_again_replaces_the_session(
     assert http.get("/console/api/session").status_code == 200
     with httpx.Client(base_url=module_server.url, cookies={COOKIE: first}) as stale:
         assert stale.get("/console/api/session").status_code == 401
+
+
+def test_w1_voice_transcripts_set_in_setup_apply_without_a_restart(
+    http: httpx.Client, module_server: ServerProcess
+) -> None:
+    """persist_transcripts is read per transcript: the running server stores one as soon
+    as the console turns it on, and stops when it is unset; the others say they wait."""
+    csrf = signed_in(http, module_server)
+    bearer = {"Authorization": f"Bearer {module_server.operator_token}"}
+    voice = {"device_id": "kitchen", "role": "user", "text": "hello", "owner_id": "ana"}
+    key = "fermix_core.realtime.persist_transcripts"
+
+    def stored() -> bool:
+        answer = http.post("/v1/agents/assistant/voice", json=voice, headers=bearer)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["message"] is not None
+
+    assert not stored()
+    state = http.post(
+        "/console/api/setup", json={"key": key, "value": "true"}, headers={"X-CSRF-Token": csrf}
+    ).json()
+    applies = {k["key"]: k["applies"] for k in state["keys"]}
+    assert applies[key] == "now"
+    assert applies["fermix_core.memory.review_interval_hours"] == "at the server's next restart"
+    try:
+        assert stored()
+    finally:
+        http.post(
+            "/console/api/setup", json={"key": key, "value": ""}, headers={"X-CSRF-Token": csrf}
+        )
+    assert not stored()

@@ -16,6 +16,7 @@ Values the pages show (rows, owner ids, file contents) go into the DOM as text
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import threading
 import urllib.parse
@@ -29,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fermix import model, wire
 from fermix.api import Memory
+from fermix.config import Config
 from fermix.errors import ConfigError, InvalidInputError, NotFoundError
 from fermix.model import ApiToken, ConversationKey
 from fermix.server.http.errors import ApiError
@@ -81,6 +83,10 @@ SETUP_KEYS = (
     "fermix_core.retention.drop_unreviewed",
 )
 """The keys the setup page edits; the rest of config.toml stays the CLI's."""
+LIVE_KEYS = frozenset({"fermix_core.realtime.persist_transcripts"})
+"""What the running server applies as soon as it is written: only ``Memory`` reads it, on
+each transcript. The others are held by the runtime's services from their start (the
+reviewers, compactors, retention sweep, model route) and apply at the next restart."""
 _config_lock = threading.Lock()
 """One setup write at a time: each reads, edits and replaces the whole file."""
 
@@ -356,13 +362,10 @@ def _setup_state(memory: Memory) -> dict[str, Any]:
                 "set_in_file": dotted in in_file,
                 "accepts": key.kind,
                 "doc": key.doc,
+                "applies": "now" if dotted in LIVE_KEYS else "at the server's next restart",
             }
         )
-    return {
-        "path": str(path),
-        "keys": entries,
-        "applies": "at the server's next restart",
-    }
+    return {"path": str(path), "keys": entries}
 
 
 @router.get(PREFIX + "/api/setup")
@@ -377,8 +380,9 @@ def setup(request: Request, token: Operator) -> dict[str, Any]:
 @router.post(PREFIX + "/api/setup")
 def change_setup(request: Request, body: SetupIn, token: Operator) -> dict[str, Any]:
     """Set (or, with an empty value, unset) one key in config.toml in place: checked as
-    ``fermix config set`` checks it, comments and layout kept, replaced atomically. A
-    refused value answers 422 naming ``body.value`` and the file is not touched."""
+    ``fermix config set`` checks it, comments and layout kept, replaced atomically, and
+    applied now where the running server can (:data:`LIVE_KEYS`). A refused value answers
+    422 naming ``body.value`` and the file is not touched."""
     from fermix.cli.config_cmd import checked_value
     from fermix.cli.config_file import (
         check_document,
@@ -409,11 +413,18 @@ def change_setup(request: Request, body: SetupIn, token: Operator) -> dict[str, 
                     set_document_value(document, body.key, value)
                 else:
                     document = parse_document(defaults_toml({body.key: value}))
-            check_document(document, str(path))
+            loaded = check_document(document, str(path))
         except (ConfigError, InvalidInputError) as exc:
             raise ApiError(422, str(exc), field="body.value") from None
         write_document(path, document)
+        _apply_live(memory, loaded)
     return _setup_state(memory)
+
+
+def _apply_live(memory: Memory, loaded: Config) -> None:
+    """Apply what the running server can (:data:`LIVE_KEYS`) from the config just written."""
+    if loaded.realtime != memory.config.realtime:
+        memory.config = dataclasses.replace(memory.config, realtime=loaded.realtime)
 
 
 # -- tokens (W1, N2) ----------------------------------------------------------------------

@@ -21,16 +21,16 @@ function draw(root, ctx, state) {
       ctx.attempt(async () => {
         const next = await ctx.send("POST", "/console/api/setup", { key: k.key, value: input.value });
         draw(root, ctx, next);
-      }, `${k.key} saved; it applies ${state.applies}.`);
+      }, `${k.key} saved; it applies ${k.applies}.`);
     });
     return el("li", { class: "setting" }, form,
       el("p", { id: `${id}-doc`, class: "help" },
         `${k.doc} Accepts ${k.accepts}. Default ${k.default || "(unset)"}; now from `
-        + `${k.set_in_file ? "config.toml" : "the default"}.`));
+        + `${k.set_in_file ? "config.toml" : "the default"}. A change applies ${k.applies}.`));
   });
   fill(root,
     el("h2", {}, "Setup"),
-    el("p", { class: "help" }, `Written to ${state.path}, keeping its comments; values apply ${state.applies}. `
+    el("p", { class: "help" }, `Written to ${state.path}, keeping its comments. `
       + "An empty value unsets the key (its default applies). Review interval: hours, 0 turns background review off."),
     el("ul", { class: "plain settings" }, rows));
 }
