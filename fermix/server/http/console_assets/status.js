@@ -17,14 +17,30 @@ function draw(canvas, series) {
   const top = Math.max(1, ...series.flatMap(([, values]) => values));
   series.forEach(([, values], i) => {
     g.strokeStyle = colours[i % colours.length];
+    g.fillStyle = g.strokeStyle;
+    g.lineWidth = 2;
     g.beginPath();
+    const step = w / Math.max(1, KEEP - 1);
     values.forEach((v, x) => {
-      const px = (x / Math.max(1, KEEP - 1)) * w;
-      const py = h - (v / top) * (h - 4) - 2;
+      const px = w - (values.length - 1 - x) * step - 2; // newest at the right edge
+      const py = h - (v / top) * (h - 6) - 3;
       if (x === 0) g.moveTo(px, py); else g.lineTo(px, py);
+      if (x === values.length - 1) g.fillRect(px - 2, py - 2, 4, 4);
     });
     g.stroke();
   });
+}
+
+/** Every scalar of the status document, nested ones as ``a.b`` (rates, latencies, queues). */
+function flatten(doc, prefix = "") {
+  const rows = [];
+  for (const [k, v] of Object.entries(doc)) {
+    if (k === "last_errors" || k === "children") continue;
+    const name = prefix ? `${prefix}.${k}` : k;
+    if (v !== null && typeof v === "object" && !Array.isArray(v)) rows.push(...flatten(v, name));
+    else rows.push([name, v === null ? "none" : String(v)]);
+  }
+  return rows;
 }
 
 export async function render(root, ctx) {
@@ -54,14 +70,8 @@ export async function render(root, ctx) {
     draw(rates, [["requests", per("requests")], ["appends", per("appends")]]);
     draw(queues, [["reviews_queued", num("reviews_queued")], ["compactions_queued", num("compactions_queued")],
                   ["reviews_running", num("reviews_running")], ["compactions_running", num("compactions_running")]]);
-    const keys = ["live_conversations", "passivated", "reviews_running", "reviews_queued",
-                  "compactions_running", "compactions_queued"];
     fill(now,
-      table("now", ["what", "value"], [
-        ...keys.map((k) => [k, String(s[k] ?? "")]),
-        ...Object.entries(s.per_second || {}).map(([k, v]) => [`${k} per second`, String(v)]),
-        ["failure", s.failure || "none"],
-      ]),
+      table("the status document now", ["what", "value"], flatten(s)),
       el("h3", {}, "Last errors"),
       (s.last_errors || []).length === 0 ? el("p", { class: "muted" }, "None.")
         : el("ul", { class: "plain" }, s.last_errors.map((e) => el("li", {}, `${e.where}: ${e.message}`))));
