@@ -210,7 +210,11 @@ class Forgetting:
         pending = [e for e in self.unfinished() if e.state == "pending"]
         if not pending:
             return 0
-        return sum(1 for e in pending if self._settle_one(e).done)
+        # One at a time with this process's erasures: two purges at once each wait for the
+        # other's vacuum, and one of them says pending for nothing.
+        with self._lock:
+            pending = [e for e in self.unfinished() if e.state == "pending"]
+            return sum(1 for e in pending if self._settle_one(e).done)
 
     # -- one erasure ---------------------------------------------------------------------
 

@@ -57,6 +57,9 @@ def test_the_built_wheel_ships_schema_sql_and_the_console_script(tmp_path: Path)
         assert "fermix = fermix.cli:run" in archive.read(entry_points).decode()
     assert "fermix/storage/sqlite/schema.sql" in names and "fermix/py.typed" in names
     assert "fermix/storage/postgres/schema.sql" in names  # the PostgreSQL migrations (B1)
+    assets = ROOT / "fermix" / "server" / "http" / "console_assets"
+    shipped = {n.rsplit("/", 1)[-1] for n in names if "/console_assets/" in n}
+    assert shipped == {p.name for p in assets.iterdir() if p.is_file()}  # the console (W1)
     assert not [n for n in names if n.startswith(("tests/", "bench/"))]
 
 

@@ -18,10 +18,11 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fermix.api import Memory
-from fermix.server.http import admin, errors, owners, scrape, turn
+from fermix.server.http import admin, console, errors, owners, scrape, turn
 from fermix.server.http.batching import AppendBatcher
 from fermix.server.http.limits import BodyLimit
 from fermix.server.http.metrics import Metrics
+from fermix.server.http.sessions import Sessions
 
 API_PREFIX = "/v1"
 
@@ -54,12 +55,15 @@ def create_app(
     status: Callable[[], dict[str, Any]] | None = None,
     mounts: dict[str, ASGIApp] | None = None,
     lifespans: list[Callable[[], contextlib.AbstractAsyncContextManager[Any]]] | None = None,
+    console_sessions: Sessions | None = None,
 ) -> FastAPI:
     """The app over a started ``memory``.
 
     ``status`` returns the status document (``GET /v1/status``, operator only);
     ``mounts`` are other ASGI apps by path (the MCP endpoint); ``lifespans`` are context
-    managers the app enters while it serves (the MCP session manager).
+    managers the app enters while it serves (the MCP session manager);
+    ``console_sessions`` keeps the operator console's sign-ins (W2; a fresh store unless
+    given, as a test of expiry gives one on its own clock).
     """
 
     @contextlib.asynccontextmanager
@@ -85,6 +89,7 @@ def create_app(
     app.state.metrics = metrics if metrics is not None else Metrics()
     app.state.status = status
     app.state.appends = AppendBatcher(memory)
+    app.state.console_sessions = console_sessions if console_sessions is not None else Sessions()
     errors.install(app)
 
     @app.get(f"{API_PREFIX}/health", response_model=Health, tags=["server"])
@@ -96,10 +101,12 @@ def create_app(
     app.include_router(turn.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(owners.router, prefix=API_PREFIX)
+    app.include_router(console.router)
     app.include_router(scrape.router)  # /metrics, where scrapers look by default (O1)
     for path, mounted in (mounts or {}).items():
         app.mount(path, mounted)
     app.add_middleware(BodyLimit, max_bytes=limit)
+    app.add_middleware(console.ConsoleHeaders)
     app.add_middleware(_CountRequests, metrics=app.state.metrics)
     return app
 

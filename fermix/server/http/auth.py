@@ -18,6 +18,7 @@ from fastapi import Depends, Request
 from fermix.api import Memory
 from fermix.model import ApiToken, check_trust
 from fermix.server.http.errors import ApiError
+from fermix.server.http.sessions import session_token
 
 
 async def memory_of(request: Request) -> Memory:
@@ -32,9 +33,16 @@ async def caller(request: Request) -> ApiToken:
     ``async``, as every cheap dependency here: FastAPI runs a plain ``def`` dependency on a
     worker thread, a hop of its own per request, while this is one indexed read on a
     pooled read connection (WAL: it never waits for a writer), cheaper than the hop.
+
+    With no ``Authorization`` header, a console session's cookie is the credential
+    (:func:`~fermix.server.http.sessions.session_token`: its writes carry a CSRF token).
     """
     header = request.headers.get("authorization")
     if header is None:
+        session = session_token(request)  # the operator's console (W2)
+        if session is not None:
+            request.state.token = session
+            return session
         raise ApiError(401, "missing Authorization: Bearer <token>", field="header.authorization")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
