@@ -22,8 +22,11 @@ SCANNED_DIRS = ("fermix", "tests", "bench")
 SCANNED_SUFFIXES = {".py", ".md", ".sql"}
 
 # The spec's sections, by ID prefix. SC before S so that "SC3" is not read as "S".
-PREFIXES = ("S", "A", "C", "SC", "E", "K", "T", "P", "V", "H", "M", "N", "Q", "B", "F", "I", "W")
-_PREFIX = r"(?:SC|[SACEKTPVHMNQBFIW])"
+PREFIXES = (
+    *("S", "A", "C", "SC", "E", "K", "T", "P", "V", "H", "M", "N", "Q", "B"),
+    *("F", "I", "W", "O"),
+)
+_PREFIX = r"(?:SC|[SACEKTPVHMNQBFIWO])"
 # One or two digits, no leading zero: ruff codes (E501, B008, C901, BLE001) never match.
 _NUMBER = r"[1-9][0-9]?"
 
