@@ -167,9 +167,14 @@ class Walk:
 
 
 def test_w3_the_console_in_headless_chromium_does_each_page_and_refuses_forgeries(
-    start_server: StartServer, home: Path, tmp_path: Path, attacker: ThreadingHTTPServer
+    start_server: StartServer,
+    home: Path,
+    tmp_path: Path,
+    attacker: ThreadingHTTPServer,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """W1-W3: every page by its labelled controls in a real browser, and what is refused."""
+    """W1-W3: every page by its labelled controls in a real browser, and what is refused.
+    The screenshots' paths are printed past pytest's capture, so a CI log names them."""
     sync_playwright = _browser_or_skip()
     _seed(home)
     server = start_server(CONFIG)
@@ -189,8 +194,9 @@ def test_w3_the_console_in_headless_chromium_does_each_page_and_refuses_forgerie
                 _walk(walk, context, attacker, dialogs)
             finally:
                 walk.api.close()
-                for path in walk.taken:
-                    print(f"W3 screenshot: {path}")
+                with capsys.disabled():
+                    for path in walk.taken:
+                        print(f"\nW3 screenshot: {path}", end="")
         finally:
             browser.close()
 
