@@ -248,6 +248,11 @@ FIGURES: dict[str, Benchmark] = {
         "append throughput, latency and footprint",
         (
             Figure(
+                "the append path with tracing off, over no instrumentation at all (%)",
+                "tracing_off_overhead_pct",
+                target=Target("<=", 3, source="issue 24"),
+            ),
+            Figure(
                 "sequential appends (msg/s)",
                 "fermix_seq_msgs_s",
                 "raw_seq_msgs_s",
