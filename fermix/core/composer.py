@@ -150,3 +150,10 @@ def compose(
         out.append({"role": "system", "content": block})
     out += [history_message(m) for m in history]
     return out
+
+
+def instructions(system: str, user_md: str, memory_md: str) -> str:
+    """What :func:`compose` puts before the history, as one text: ``system``, the
+    operator's standing rules, the memory block, in its order and with its labels (for a
+    framework that takes its instructions as one string, I2, I4)."""
+    return "\n\n".join(str(part["content"]) for part in compose(system, user_md, memory_md, []))

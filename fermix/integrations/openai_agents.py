@@ -293,8 +293,7 @@ def memory_instructions(
 
     async def instructions(context: RunContextWrapper[Any], agent: Agent[Any]) -> str:
         user_md, memory_md = await asyncio.to_thread(conversation.memory_files)
-        parts = composer.compose(system, user_md, memory_md, [])
-        return "\n\n".join(str(part["content"]) for part in parts)
+        return composer.instructions(system, user_md, memory_md)
 
     return instructions
 

@@ -33,6 +33,7 @@ from agents import (
 )
 from docs_page import section
 from factories import StartMemory, config_for
+from framework_turns import assert_turns_stored, script_turns
 from model_server import ModelServer
 from openai import AsyncOpenAI
 
@@ -41,7 +42,6 @@ from fermix.core import composer
 from fermix.core.compaction import NOTICE
 from fermix.errors import AccessDeniedError, InvalidInputError
 from fermix.integrations.openai_agents import FermixSession, items_of
-from fermix.surface import MemorySurface
 
 set_tracing_disabled(True)  # the SDK would send traces to OpenAI's servers
 
@@ -97,37 +97,6 @@ async def turns(session: FermixSession, model_server: ModelServer, *texts: str) 
     return outputs
 
 
-def script_turns(model_server: ModelServer) -> None:
-    """A tool call to memory_store, its answer, then a plain second turn."""
-    model_server.reply_tool_call("memory_store", {"key": "job", "value": "nurse in Porto"})
-    model_server.reply("Noted, Ana.", prompt_tokens=321)
-    model_server.reply("You are a nurse in Porto.", prompt_tokens=345)
-
-
-ROLES = ["user", "assistant", "tool", "assistant", "user", "assistant"]
-"""The fermix roles of the two turns of :func:`script_turns`."""
-
-
-def assert_turns_stored(session: Recorded, memory: MemorySurface[Any]) -> None:
-    """The two turns of :func:`script_turns` as fermix messages a hand-written host writes."""
-    window = session.conversation.history()
-    assert [m.role for m in window] == ROLES
-    call = window[1].metadata["tool_calls"][0]
-    assert call["type"] == "function" and call["function"]["name"] == "memory_store"
-    assert json.loads(call["function"]["arguments"]) == {"key": "job", "value": "nurse in Porto"}
-    assert window[2].metadata["tool_call_id"] == call["id"]
-    assert window[2].metadata["name"] == "memory_store"
-    assert [m.content for m in window[3:]] == [
-        "Noted, Ana.",
-        "What do I do?",
-        "You are a nurse in Porto.",
-    ]
-    state = session.conversation.state()
-    assert state is not None and state.peak_prompt_tokens == 345
-    rows = memory.list_rows(agent_id="assistant", key="job")
-    assert [r.value for r in rows] == ["nurse in Porto"]
-
-
 # -- the Runner over several turns, a tool call, a restart (I2) ---------------------------
 
 
@@ -140,7 +109,7 @@ def test_i2_runner_turns_with_a_memory_tool_call_are_stored_as_a_hand_written_ho
     outputs = run(turns(session, model_server, "I am a nurse in Porto.", "What do I do?"))
 
     assert outputs == ["Noted, Ana.", "You are a nurse in Porto."]
-    assert_turns_stored(session, memory)
+    assert_turns_stored(session.conversation, memory)
     # the items round-trip exactly: what the SDK added is what get_items gives back
     assert run(session.get_items()) == session.added
     assert [item.get("type") for item in session.added[1:3]] == [
@@ -203,7 +172,7 @@ def test_i2_through_fermix_client_against_a_real_server_a_guest_stays_a_guest(
 
     run(turns(session, model_server, "I am a nurse in Porto.", "What do I do?"))
 
-    assert_turns_stored(session, client)
+    assert_turns_stored(session.conversation, client)
     assert {m.trust for m in session.conversation.history() if m.role == "user"} == {"guest"}
     with pytest.raises(AccessDeniedError):  # a guest may not /clear; nothing changed
         run(session.clear_session())

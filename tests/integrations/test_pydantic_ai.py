@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 from docs_page import section
 from factories import StartMemory, config_for
+from framework_turns import assert_turns_stored, script_turns
 from model_server import ModelServer
 from pydantic import BaseModel
 from pydantic_ai import Agent
@@ -42,7 +43,6 @@ from fermix.core import composer
 from fermix.core.compaction import NOTICE
 from fermix.errors import AccessDeniedError, InvalidInputError
 from fermix.integrations.pydantic_ai import FermixHistory, model_messages
-from fermix.surface import MemorySurface
 
 T = TypeVar("T")
 AGENT_MODEL = "agent"
@@ -91,35 +91,6 @@ def as_json(messages: Sequence[ModelMessage]) -> Any:
     return ModelMessagesTypeAdapter.dump_python(list(messages), mode="json")
 
 
-def script_turns(model_server: ModelServer) -> None:
-    model_server.reply_tool_call("memory_store", {"key": "job", "value": "nurse in Porto"})
-    model_server.reply("Noted, Ana.", prompt_tokens=321)
-    model_server.reply("You are a nurse in Porto.", prompt_tokens=345)
-
-
-ROLES = ["user", "assistant", "tool", "assistant", "user", "assistant"]
-"""The fermix roles of the two turns of :func:`script_turns`."""
-
-
-def assert_turns_stored(history: FermixHistory, memory: MemorySurface[Any]) -> None:
-    window = history.conversation.history()
-    assert [m.role for m in window] == ROLES
-    call = window[1].metadata["tool_calls"][0]
-    assert call["type"] == "function" and call["function"]["name"] == "memory_store"
-    assert json.loads(call["function"]["arguments"]) == {"key": "job", "value": "nurse in Porto"}
-    assert window[2].metadata["tool_call_id"] == call["id"]
-    assert window[2].metadata["name"] == "memory_store"
-    assert [m.content for m in window[3:]] == [
-        "Noted, Ana.",
-        "What do I do?",
-        "You are a nurse in Porto.",
-    ]
-    state = history.conversation.state()
-    assert state is not None and state.peak_prompt_tokens == 345
-    rows = memory.list_rows(agent_id="assistant", key="job")
-    assert [r.value for r in rows] == ["nurse in Porto"]
-
-
 # -- the agent over several turns, a tool call, a restart (I4) -----------------------------
 
 
@@ -132,7 +103,7 @@ def test_i4_agent_turns_with_a_memory_tool_call_round_trip_through_fermix(
     first, second = run(turns(history, model_server, "I am a nurse in Porto.", "What do I do?"))
 
     assert [first.output, second.output] == ["Noted, Ana.", "You are a nurse in Porto."]
-    assert_turns_stored(history, memory)
+    assert_turns_stored(history.conversation, memory)
     expected = saved(first.new_messages()) + saved(second.new_messages())
     assert as_json(run(history.messages(preflight=False))) == as_json(expected)
     sent = model_server.requests[-1]["messages"]
@@ -181,7 +152,7 @@ def test_i4_through_fermix_client_against_a_real_server_a_guest_stays_a_guest(
 
     results = run(turns(history, model_server, "I am a nurse in Porto.", "What do I do?"))
 
-    assert_turns_stored(history, client)
+    assert_turns_stored(history.conversation, client)
     assert {m.trust for m in history.conversation.history() if m.role == "user"} == {"guest"}
     server.restart()
     again = FermixHistory(server.client(), "assistant", "cli", "42", owner_id="ana")

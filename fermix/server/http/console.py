@@ -440,18 +440,6 @@ class TokenIn(BaseModel):
     name: str = Field(default="", max_length=200)
 
 
-def _token_json(token: ApiToken) -> dict[str, Any]:
-    return {
-        "id": token.id,
-        "name": token.name,
-        "prefix": token.prefix,
-        "agents": list(token.agents),
-        "operator": token.operator,
-        "created_at": token.created_at,
-        "revoked_at": token.revoked_at,
-    }
-
-
 def _within(token: ApiToken, other: ApiToken) -> bool:
     """Whether ``other`` acts only for agents ``token`` acts for: what a session may see."""
     return set(other.agents) <= set(token.agents)
@@ -461,7 +449,7 @@ def _within(token: ApiToken, other: ApiToken) -> bool:
 def tokens(request: Request, token: Operator) -> dict[str, Any]:
     """The tokens for this session's agents, oldest first, revoked ones too (no secret)."""
     found = _memory(request).tokens.list(include_revoked=True)
-    return {"tokens": [_token_json(t) for t in found if _within(token, t)], "self": token.id}
+    return {"tokens": [wire.to_json(t) for t in found if _within(token, t)], "self": token.id}
 
 
 @router.post(PREFIX + "/api/tokens", status_code=201)
@@ -478,7 +466,7 @@ def create_token(request: Request, body: TokenIn, token: Operator) -> dict[str, 
         )
     except InvalidInputError as exc:
         raise ApiError(422, str(exc), field="body.agents") from None
-    return {"token": _token_json(made), "secret": secret}
+    return {"token": wire.to_json(made), "secret": secret}
 
 
 @router.post(PREFIX + "/api/tokens/{token_id}/revoke")
@@ -492,7 +480,7 @@ def revoke_token(request: Request, token_id: int, token: Operator) -> dict[str, 
     sessions = sessions_of(request)
     if sessions is not None:
         sessions.end_token(token_id)
-    return {"token": _token_json(revoked)}
+    return {"token": wire.to_json(revoked)}
 
 
 # -- reviews and compactions (W1) ---------------------------------------------------------
