@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 
 from fermix import model
 from fermix.cli.context import CommandContext
 from fermix.cli.output import console, print_json, table, when
+from fermix.core import render
 from fermix.core.render import file_spec
 from fermix.errors import InvalidInputError
 from fermix.model import Revision
@@ -166,15 +166,7 @@ def cmd_show(ctx: CommandContext, args: argparse.Namespace) -> int:
 def cmd_diff(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix resource diff NAME A B``: a unified diff from revision A to revision B."""
     old, new = _revision(ctx, args, args.a), _revision(ctx, args, args.b)
-    filename = _filename(args.name)
-    lines = difflib.unified_diff(
-        old.content.splitlines(keepends=True),
-        new.content.splitlines(keepends=True),
-        fromfile=f"{filename}@{old.revision}",
-        tofile=f"{filename}@{new.revision}",
-    )
-    # A last line without a newline would run into the next hunk header.
-    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    text = render.revision_diff(old, new)
     if args.json:
         print_json({"name": args.name, "a": old.revision, "b": new.revision, "diff": text})
     else:

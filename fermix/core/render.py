@@ -21,6 +21,7 @@ Markdown marker are backslash-escaped. A file with no rows is the empty string.
 
 from __future__ import annotations
 
+import difflib
 import heapq
 import re
 from collections.abc import Iterable
@@ -260,3 +261,17 @@ def file_lags(rendered: str, current: Revision | None, on_disk: bytes | None) ->
         return True
     missing_but_empty = on_disk is None and want == ""
     return on_disk != want.encode("utf-8") and not missing_but_empty
+
+
+def revision_diff(old: Revision, new: Revision) -> str:
+    """A unified diff from revision ``old`` to ``new`` of one prompt file, headed
+    ``USER.md@3`` / ``USER.md@5`` (``fermix resource diff``, the console's diff). Every line
+    ends with a newline: a last line without one would run into the next hunk's header."""
+    filename = file_spec(new.name).filename
+    lines = difflib.unified_diff(
+        old.content.splitlines(keepends=True),
+        new.content.splitlines(keepends=True),
+        fromfile=f"{filename}@{old.revision}",
+        tofile=f"{filename}@{new.revision}",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)

@@ -17,7 +17,6 @@ Values the pages show (rows, owner ids, file contents) go into the DOM as text
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import threading
 import urllib.parse
 from importlib import resources
@@ -31,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fermix import model, wire
 from fermix.api import Memory
 from fermix.config import Config
+from fermix.core import render
 from fermix.errors import ConfigError, InvalidInputError, NotFoundError
 from fermix.model import ApiToken, ConversationKey
 from fermix.server.http.errors import ApiError
@@ -318,14 +318,7 @@ def diff(
         new = memory.revision(agent_id, name, b, owner_id=owner_id)
     except NotFoundError as exc:
         raise ApiError(404, str(exc), field="query.a") from None
-    filename = "USER.md" if name == "user_md" else "MEMORY.md"
-    lines = difflib.unified_diff(
-        old.content.splitlines(keepends=True),
-        new.content.splitlines(keepends=True),
-        fromfile=f"{filename}@{old.revision}",
-        tofile=f"{filename}@{new.revision}",
-    )
-    text = "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+    text = render.revision_diff(old, new)
     return {"name": name, "a": old.revision, "b": new.revision, "diff": text}
 
 
