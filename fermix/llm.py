@@ -20,6 +20,9 @@ hide what it dropped.
 
 litellm is imported on the first model call, not with this module (it takes seconds, and
 would fetch a price map unless ``LITELLM_LOCAL_MODEL_COST_MAP`` is set, which it is here).
+A host that knows a call is coming, such as ``fermix chat`` while its user types, starts
+that import in the background with :func:`preload`; the first call then waits only for
+what is left of it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import importlib
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -216,12 +220,44 @@ class CallObserver(Protocol):
         ...
 
 
+_edge: Any = None
+"""litellm once imported and set up by :func:`_litellm`."""
+_edge_lock = threading.Lock()
+"""Held while litellm is imported: a call made during a :func:`preload` waits for it rather
+than importing the same modules beside it."""
+
+
 def _litellm() -> Any:
     """Import litellm on first use, without its network fetch or its stdout banners."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm: Any = importlib.import_module("litellm")
-    litellm.suppress_debug_info = True
-    return litellm
+    global _edge
+    if _edge is None:
+        with _edge_lock:
+            if _edge is None:
+                os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+                litellm: Any = importlib.import_module("litellm")
+                litellm.suppress_debug_info = True
+                _edge = litellm
+    return _edge
+
+
+def preload() -> threading.Thread | None:
+    """Start importing litellm in a background thread, so the first model call does not pay
+    for it; None when it is loaded already. A failed import is logged, and the first call
+    raises it again."""
+    if _edge is not None:
+        return None
+    thread = threading.Thread(target=_preload, name="fermix-llm-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def _preload() -> None:
+    try:
+        _litellm()
+    # A thread's error would otherwise reach the terminal as a traceback; the first model
+    # call repeats the import and raises this error where a caller handles it.
+    except Exception as exc:  # noqa: BLE001
+        logger.warning("litellm could not be loaded in the background: %s", exc)
 
 
 def call_name(model: str, api_base: str | None, providers: Sequence[str]) -> str:

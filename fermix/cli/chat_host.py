@@ -312,6 +312,7 @@ def run_chat(home: Home, config: Config, options: ChatOptions, out: Console) -> 
     if config.model.primary is None:
         out.print(llm.NO_MODEL_HINT, soft_wrap=True, markup=False)
         return 2
+    llm.preload()  # the model edge loads while the store opens and the user types
     try:
         with Memory(home, config=config) as memory:
             conv = memory.conversation(

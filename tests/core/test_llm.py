@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -393,6 +394,32 @@ def test_e4_importing_fermix_llm_does_not_import_litellm() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.split() == ["False", "False"]
+
+
+PRELOAD = """
+import sys, threading, fermix.llm as llm
+loading = llm.preload()
+print(loading is not None and loading.daemon and loading.is_alive())
+print(llm.context_window("openai/gpt-4o-mini"))  # a call during the load waits for it
+loading.join(60)
+print(not loading.is_alive(), "litellm" in sys.modules, llm.preload() is None)
+"""
+
+
+def test_h2_preload_loads_litellm_in_a_background_thread_that_a_call_waits_for() -> None:
+    """``fermix chat`` loads the model edge while its user types (issue 25): the load runs
+    in a daemon thread, a model call made meanwhile waits for it rather than importing the
+    same modules beside it, and once loaded there is nothing left to preload."""
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert out.stdout.split() == ["True", "128000", "True", "True", "True"]
+    assert out.stderr == ""
 
 
 # -- the loopback model server itself -------------------------------------------------
