@@ -89,6 +89,10 @@ embedding._LOAD_LOCK.acquire()
 indexing._ACTIVE_LOCK.acquire()
 pid = os.fork()
 if pid == 0:
+    # Should the child hang, every thread's stack goes to stderr (and so into the failure's
+    # message) before the parent gives up on it.
+    import faulthandler
+    faulthandler.dump_traceback_later(50, exit=True)
     try:
         inherited = memory._runtime.services.indexer
         start = time.monotonic()
