@@ -14,8 +14,8 @@ import sys
 
 from fermix.cli.context import CommandContext
 from fermix.cli.output import FittedTable, console, print_json, when
-from fermix.model import ApiToken
 from fermix.runtime.access import Tokens
+from fermix.wire import to_json
 
 NOT_SHOWN_AGAIN = "This secret will not be shown again: store it now (only its hash is kept)."
 
@@ -56,24 +56,11 @@ def _tokens(ctx: CommandContext) -> Tokens:
     return Tokens(ctx.db(), ctx.writer())
 
 
-def token_dict(token: ApiToken) -> dict[str, object]:
-    """A token as the JSON of ``list`` shows it: no secret, which is not stored anyway."""
-    return {
-        "id": token.id,
-        "name": token.name,
-        "prefix": token.prefix,
-        "agents": list(token.agents),
-        "operator": token.operator,
-        "created_at": token.created_at,
-        "revoked_at": token.revoked_at,
-    }
-
-
 def cmd_create(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix token create``."""
     token, secret = _tokens(ctx).create(args.agent, operator=args.operator, name=args.name)
     if args.json:
-        print_json({**token_dict(token), "secret": secret, "note": NOT_SHOWN_AGAIN})
+        print_json({**to_json(token), "secret": secret, "note": NOT_SHOWN_AGAIN})
         return 0
     kind = "operator token" if token.operator else "token"
     # The secret goes alone on its line, plainly, so that it can be copied or cut out.
@@ -91,7 +78,7 @@ def cmd_list(ctx: CommandContext, args: argparse.Namespace) -> int:
     """``fermix token list``."""
     tokens = _tokens(ctx).list(include_revoked=args.all)
     if args.json:
-        print_json({"tokens": [token_dict(t) for t in tokens]})
+        print_json({"tokens": to_json(tokens)})
         return 0
     if not tokens:
         console().print("no tokens" if args.all else "no live tokens (--all shows revoked ones)")
