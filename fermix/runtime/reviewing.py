@@ -304,7 +304,13 @@ class Reviewing:
             # The messages the gate saw are gone (deleted from outside): nothing to show.
             self._writer.write(
                 lambda writes: self._finish(
-                    writes, key, token, newest, caught_up=True, outcome="nothing", reason=""
+                    writes,
+                    key,
+                    token,
+                    newest,
+                    caught_up=True,
+                    outcome="nothing",
+                    reason="no_messages",
                 ),
                 label=f"review of {key.scope_id}",
             )
