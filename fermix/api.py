@@ -189,7 +189,9 @@ class Memory:
 
     def stats(self) -> dict[str, Any]:
         """What the process holds now (N7): live and passivated conversation actors, the
-        supervision tree's children, and the reviews and compactions in flight.
+        supervision tree's children, the reviews and compactions in flight, and the
+        append and compose latency of the last minute (``latency``: count, median and
+        99th percentile in milliseconds, W1).
 
         In flight is counted from the pools' own bookkeeping (requests sent to an actor
         and not yet finished), so it costs a lock and no query: ``*_running`` is how many
@@ -210,6 +212,7 @@ class Memory:
             "reviews_queued": sum(reviews) - reviews_running,
             "compactions_running": compactions_running,
             "compactions_queued": sum(compactions) - compactions_running,
+            "latency": runtime.telemetry.latency(),
         }
 
     def tick(self) -> int:
