@@ -16,6 +16,7 @@ reach the turn.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
@@ -106,14 +107,16 @@ class Memory:
     ) -> None:
         self.home = home if isinstance(home, Home) else Home.resolve(home)
         config = config if config is not None else load_config(self.home.config_path)
-        route_in_code = llm.configure(
-            config.model,
+        self._with_route_in_code = functools.partial(
+            llm.configure,
             model=model,
             fallbacks=fallbacks,
             api_base=api_base,
             context_window=context_window,
             given_to="Memory",
         )
+        """``[fermix_core.model]`` with the route given here, which wins over the file's."""
+        route_in_code = self._with_route_in_code(config.model)
         self.config = dataclasses.replace(config, model=route_in_code)
         """The configuration in effect: config.toml's, with the model route given here."""
         self._runtime = Runtime(
@@ -130,6 +133,15 @@ class Memory:
         """The agent's memory tools: ``schemas()`` and ``run(tool_call, conversation)`` (T4)."""
 
     # -- lifecycle ---------------------------------------------------------------------
+
+    def _reconfigure(self, config: Config) -> Config:
+        """Run with ``config``, config.toml as just written (the server's console, W1): the
+        route given in code still wins, and the running services apply what they can at once
+        (:meth:`~fermix.runtime.engine.Runtime.reconfigure`); the rest waits for the next
+        start. Returns the config now in effect. Not part of the host's surface."""
+        model = self._with_route_in_code(config.model)
+        self.config = self._runtime.reconfigure(dataclasses.replace(config, model=model))
+        return self.config
 
     def start(self) -> Self:
         """Open the database (migrating it) and start the actor tree.
@@ -177,7 +189,9 @@ class Memory:
 
     def stats(self) -> dict[str, Any]:
         """What the process holds now (N7): live and passivated conversation actors, the
-        supervision tree's children, and the reviews and compactions in flight.
+        supervision tree's children, the reviews and compactions in flight, and the
+        append and compose latency of the last minute (``latency``: count, median and
+        99th percentile in milliseconds, W1).
 
         In flight is counted from the pools' own bookkeeping (requests sent to an actor
         and not yet finished), so it costs a lock and no query: ``*_running`` is how many
@@ -198,6 +212,7 @@ class Memory:
             "reviews_queued": sum(reviews) - reviews_running,
             "compactions_running": compactions_running,
             "compactions_queued": sum(compactions) - compactions_running,
+            "latency": runtime.telemetry.latency(),
         }
 
     def tick(self) -> int:

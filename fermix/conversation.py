@@ -220,7 +220,7 @@ class Conversation:
         with telemetry.span("fermix.compose", {"fermix.agent_id": self.key.agent_id}):
             user_md, memory_md = self.memory_files()
             composed = composer.compose(system, user_md, memory_md, self.history(limit))
-        telemetry.compose_seconds.observe(time.perf_counter() - started)
+        telemetry.composed(time.perf_counter() - started)
         return composed
 
     def preflight(self) -> str | None:

@@ -258,6 +258,24 @@ class Provenance:
     source_message_id: int | None = None
 
 
+OUTCOME_WORK: Final = ("review", "compaction")
+"""The background work whose last outcome a conversation keeps (W1)."""
+REASON_MAX_CHARS: Final = 200
+"""The longest reason kept with an outcome: a code and a few names, never a message."""
+
+
+def outcome_reason(text: str) -> str:
+    """``text`` as a stored reason: one line, at most :data:`REASON_MAX_CHARS` characters.
+
+    Callers build reasons from codes, model names and error class names only, never from a
+    message or an error's text (which may quote a prompt or a key): this only bounds them.
+    """
+    line = " ".join(text.split())
+    if len(line) <= REASON_MAX_CHARS:
+        return line
+    return line[: REASON_MAX_CHARS - 1] + "\u2026"
+
+
 @dataclass(frozen=True, slots=True)
 class ConversationState:
     """The stored state of one conversation."""
@@ -279,6 +297,17 @@ class ConversationState:
     compaction_failed_at: int | None
     created_at: int
     updated_at: int
+    review_outcome: str | None = None
+    """How the last review that was due ended (W1): ``applied``, ``nothing``, ``failed``
+    or ``skipped``; None before the first."""
+    review_reason: str | None = None
+    """Why, in short (:func:`outcome_reason`): ``model_error: ...``, ``no_model``, ..."""
+    review_outcome_at: int | None = None
+    compaction_outcome: str | None = None
+    """How the last compaction that was due ended (W1): ``compacted``, ``failed`` or
+    ``skipped``; None before the first."""
+    compaction_reason: str | None = None
+    compaction_outcome_at: int | None = None
 
     @property
     def key(self) -> ConversationKey:

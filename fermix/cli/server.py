@@ -157,6 +157,17 @@ def status_rows(data: dict[str, Any], *, now: float) -> list[tuple[str, object]]
             rows.append(
                 (f"{name} per second{over}", f"{per_second[name]:g} ({totals.get(name, 0)} in all)")
             )
+    latency = data.get("latency") or {}
+    for name in ("append", "compose"):
+        seen = latency.get(name)
+        if isinstance(seen, dict) and seen.get("count"):
+            rows.append(
+                (
+                    f"{name} latency (last {latency.get('window_s', 60):g} s)",
+                    f"p50 {seen['p50_ms']:g} ms, p99 {seen['p99_ms']:g} ms"
+                    f" ({seen['count']} {name}s)",
+                )
+            )
     for kind in ("reviews", "compactions"):
         if f"{kind}_running" in data:
             rows.append(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 from fermix import llm
 from fermix.clock import now_ms
@@ -26,6 +27,7 @@ from fermix.core import compaction
 from fermix.core.compaction import CompactionResult
 from fermix.errors import ModelError
 from fermix.model import ConversationKey, ConversationState, Message, NewMessage
+from fermix.runtime import outcomes
 from fermix.runtime.telemetry import Telemetry
 from fermix.runtime.writer import Writer
 from fermix.storage import Storage, Writes
@@ -58,30 +60,55 @@ class Compacting:
         (the conversation actor reloads its window); ``route`` defaults to the one the
         config names, built on first use; ``telemetry`` counts the compactions by outcome
         and traces them and their model calls (O1, O2)."""
-        self._config = config
+        self._settings = _Settings(config, route)
+        """The config and route each compaction reads once, swapped whole by
+        :meth:`reconfigure` (the route built on first use)."""
+        self._fixed_route = route is not None
+        self._settings_lock = threading.Lock()
         self._telemetry = Telemetry() if telemetry is None else telemetry
         self._db = db
         self._writer = writer
         self._clock = clock
-        self._route = route
         self._on_compacted = on_compacted
         self._unknown_windows: set[str] = set()
         """The models whose unknown context window was logged: once each, not per turn."""
         self._unknown_lock = threading.Lock()
 
+    def reconfigure(self, config: Config) -> None:
+        """Compact by ``config`` from the next compaction on (W1): enabled, threshold,
+        reasoning effort and the model route; one running now finishes with what it
+        started with. A route given at build stays."""
+        with self._settings_lock:
+            route = self._settings.route if self._fixed_route else None
+            self._settings = _Settings(config, route)
+
+    def _current(self) -> _Settings:
+        """The settings a compaction reads, its route built (once per config)."""
+        settings = self._settings
+        if settings.route is not None:
+            return settings
+        with self._settings_lock:
+            if self._settings.route is None:
+                self._settings = _Settings(
+                    self._settings.config, llm.Route.from_config(self._settings.config.model)
+                )
+            return self._settings
+
     def route(self) -> llm.Route:
         """The agent's route (the same one the reviewer uses)."""
-        if self._route is None:
-            self._route = llm.Route.from_config(self._config.model)
-        return self._route
+        route = self._current().route
+        assert route is not None
+        return route
 
-    def context_window(self) -> int | None:
+    def context_window(self, settings: _Settings | None = None) -> int | None:
         """The model's context window: the configured override, else litellm's model info."""
-        return llm.context_window(self.route(), self._config.model.context_window)
+        settings = settings or self._current()
+        assert settings.route is not None
+        return llm.context_window(settings.route, settings.config.model.context_window)
 
-    def _warn_unknown_window(self) -> None:
+    def _warn_unknown_window(self, route: llm.Route) -> None:
         """Say once per model that compaction is off for it, and which key turns it on (M8)."""
-        model = self.route().primary or "-"
+        model = route.primary or "-"
         with self._unknown_lock:
             if model in self._unknown_windows:
                 return
@@ -99,17 +126,22 @@ class Compacting:
         route = self.route()
         return route.policy.timeout_s * max(1, len(route.models)) + WAIT_MARGIN_S
 
-    def _gate(self, state: ConversationState | None, *, force: bool) -> tuple[str | None, int]:
-        """Why ``state`` must not be compacted now (None: it must), and the context window."""
-        cfg = self._config.compaction
+    def _gate(
+        self, settings: _Settings, state: ConversationState | None, *, force: bool
+    ) -> tuple[str | None, int]:
+        """Why ``state`` must not be compacted now by ``settings`` (None: it must), and the
+        context window."""
+        cfg = settings.config.compaction
+        route = settings.route
+        assert route is not None
         skip = compaction.gate(state, now_ms=self._clock(), enabled=cfg.enabled, force=force)
         if skip is not None:
             return skip, 0
-        if self.route().primary is None:
+        if route.primary is None:
             return llm.NO_MODEL, 0  # the start of the process said so, once (M8)
-        window_size = self.context_window()
+        window_size = self.context_window(settings)
         if window_size is None:
-            self._warn_unknown_window()
+            self._warn_unknown_window(route)
             return "unknown_context_window", 0
         assert state is not None
         if not force and not compaction.due(state.peak_prompt_tokens, window_size, cfg.threshold):
@@ -121,7 +153,7 @@ class Compacting:
         thread, no actor and no model (M3). A turn asks the Compactor only when it is."""
         with self._db.read() as reads:
             state = reads.conversation(key)
-        return self._gate(state, force=False)[0] is None
+        return self._gate(self._current(), state, force=False)[0] is None
 
     def compact(self, key: ConversationKey, *, force: bool = False) -> CompactionResult:
         """Compact ``key`` if its recorded peak calls for it (or ``force``); never raises for
@@ -143,20 +175,32 @@ class Compacting:
         return result
 
     def _compact(self, key: ConversationKey, *, force: bool) -> CompactionResult:
-        cfg = self._config.compaction
+        settings = self._current()  # one config and route for the whole compaction
+        cfg, route = settings.config.compaction, settings.route
+        assert route is not None
         with self._db.read() as reads:
             state = reads.conversation(key)
-        skip, window_size = self._gate(state, force=force)
+        skip, window_size = self._gate(settings, state, force=force)
         if skip is not None:
+            if skip in RECORDED_SKIPS and state is not None:
+                outcomes.record_skip(
+                    self._writer, state, work="compaction", reason=skip, now=self._clock()
+                )
             return _skipped(key, skip)
         assert state is not None
         with self._db.read() as reads:
             # An erasure after this point (F4) drops the summary: it may hold what was erased.
             erasures_seen = reads.latest_erasure_id()
             window = reads.window(key)
-        route = self.route()
         plan = compaction.plan(window, context_window=window_size, model=route.primary)
         if plan is None:
+            outcomes.record_skip(
+                self._writer,
+                state,
+                work="compaction",
+                reason="nothing_to_summarize",
+                now=self._clock(),
+            )
             return _skipped(key, "nothing_to_summarize")
         input_room = max(1_000, window_size - plan.summary_tokens - 1_000)
         prompt = [
@@ -171,6 +215,7 @@ class Compacting:
                 ),
             },
         ]
+        empty: str | None = None
         try:
             answer = llm.complete(
                 route,
@@ -182,14 +227,20 @@ class Compacting:
                 observer=self._telemetry,
             )
             if not answer.content.strip():
+                empty = f"model_error: empty summary from {answer.model}"
                 raise ModelError(f"{answer.model} returned an empty summary")
         except ModelError as exc:
             log.warning("compaction of %s/%s failed: %s", key.agent_id, key.scope_id, exc)
             failed_at = self._clock()
-            self._writer.write(
-                lambda w: w.update_conversation(key, compaction_failed_at=failed_at),
-                label=f"compaction failure {key.scope_id}",
-            )
+            reason = empty or outcomes.failure_reason(exc)
+
+            def failed(w: Writes) -> None:
+                w.update_conversation(key, compaction_failed_at=failed_at)
+                w.record_outcome(
+                    key, work="compaction", outcome="failed", reason=reason, now=failed_at
+                )
+
+            self._writer.write(failed, label=f"compaction failure {key.scope_id}")
             return CompactionResult(key, "failed", error=str(exc))
         summary = compaction.fit_summary(answer.content, plan=plan, model=route.primary)
         checkpoint = NewMessage(
@@ -226,10 +277,26 @@ class Compacting:
                 compaction_failed_at=None,
                 peak_prompt_tokens=None,
             )
+            w.record_outcome(
+                key,
+                work="compaction",
+                outcome="compacted",
+                reason=f"{len(plan.summarize)} message(s) summarized by {answer.model},"
+                f" {len(plan.keep)} kept",
+                now=self._clock(),
+            )
             return stored
 
         stored = self._writer.write(write, label=f"compaction of {key.scope_id}")
         if stored is None:
+            outcomes.record(
+                self._writer,
+                key,
+                work="compaction",
+                outcome="skipped",
+                reason="moved",
+                now=self._clock(),
+            )
             log.info(
                 "compaction of %s/%s dropped: the window moved, or an erasure ran",
                 key.agent_id,
@@ -271,6 +338,18 @@ class Compacting:
         after = self._writer.write(write, label=f"clear window {key.scope_id}")
         self._on_compacted(key)
         return after
+
+
+class _Settings(NamedTuple):
+    """What one compaction reads of the config, taken once (:meth:`Compacting.reconfigure`)."""
+
+    config: Config
+    route: llm.Route | None
+
+
+RECORDED_SKIPS = frozenset({llm.NO_MODEL, "unknown_context_window"})
+"""The gate's skips the console is told of (W1): a due compaction that could not run. The
+routine ones (cold, disabled, in the backoff, under the threshold) record nothing."""
 
 
 def _skipped(key: ConversationKey, reason: str) -> CompactionResult:

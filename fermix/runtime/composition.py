@@ -248,6 +248,16 @@ class Services:
             if indexer is not None:
                 indexer.start()
 
+    def reconfigure(self, config: Config) -> None:
+        """Run the reviews, compactions and retention sweeps from now on by ``config``
+        (:func:`~fermix.runtime.live_config.applied` made it: only what applies live
+        differs); each swaps its settings whole, so no review, compaction or sweep running
+        now mixes the old and the new (W1)."""
+        self.config = config
+        self.reviewing.reconfigure(config)
+        self.compacting.reconfigure(config)
+        self.retention.reconfigure(config.retention)
+
     @property
     def started(self) -> bool:
         """Whether :meth:`start` started the tree."""

@@ -17,6 +17,7 @@ every wait a turn makes on a pool is bounded by the model timeout plus a margin.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -175,6 +176,34 @@ class Runtime:
                 self.services.close(timeout)
         finally:
             self.telemetry.close()  # the spans still buffered go out (O2)
+
+    @property
+    def config(self) -> Config:
+        """The configuration this runtime runs with (changed by :meth:`reconfigure`)."""
+        return self._config
+
+    def reconfigure(self, config: Config) -> Config:
+        """Apply ``config`` (config.toml just written) to the running services: the keys
+        :data:`~fermix.runtime.live_config.LIVE_KEYS` names (the review interval, 0 turning
+        background reviews off, and their budgets and backoff; compaction; retention, its
+        timer job started or stopped; the model route) from the next review, compaction or
+        sweep on. Every other key waits for the next start. Returns the config now in
+        effect (W1)."""
+        from fermix.runtime import live_config
+
+        services = self._running()
+        with self._lock:
+            now = live_config.applied(self._config, config)
+            was, self._config = self._config, now
+            services.reconfigure(now)
+            if now.retention.enabled and not was.retention.enabled:
+                services.timer.every("retention", RETENTION_SWEEP_S, self._retain)
+            elif was.retention.enabled and not now.retention.enabled:
+                services.timer.cancel("retention")
+        if services.reviewing.route.primary is None and was.model.primary is not None:
+            log.warning("%s", llm.NO_MODEL_OFF)
+        log.info("configuration applied: %s", _changed(was, now) or "nothing changed")
+        return now
 
     @property
     def services(self) -> Services:
@@ -492,3 +521,19 @@ class Runtime:
             if self.running:
                 log.error("the review sweep failed: %s", exc)
         return self.running
+
+
+def _changed(was: Config, now: Config) -> str:
+    """The dotted keys whose value differs between ``was`` and ``now`` (never a value: a
+    key may name a secret's variable), for the log."""
+    names = []
+    for section in dataclasses.fields(now):
+        before, after = getattr(was, section.name), getattr(now, section.name)
+        if before == after:
+            continue
+        names += [
+            f"{section.name}.{f.name}"
+            for f in dataclasses.fields(after)
+            if getattr(before, f.name) != getattr(after, f.name)
+        ]
+    return ", ".join(names)

@@ -56,18 +56,21 @@ class Retention:
         """Whether the config drops anything."""
         return self._config.enabled
 
-    def _cutoffs(self) -> tuple[int | None, int | None, int | None]:
-        return cutoffs(self._config, now=self._clock())
+    def reconfigure(self, config: RetentionConfig) -> None:
+        """Drop by ``config`` from the next sweep on (W1); a sweep running now finishes
+        with what it started with."""
+        self._config = config
 
     def due(self) -> dict[str, int]:
         """How many messages, archived rows and revisions the next sweep drops."""
-        messages, archived, keep = self._cutoffs()
+        config = self._config  # one config for the whole count
+        messages, archived, keep = cutoffs(config, now=self._clock())
         with self._db.read() as reads:
             return reads.retention_due(
                 messages_before=messages,
                 archived_before=archived,
                 keep=keep,
-                drop_unreviewed=self._config.drop_unreviewed,
+                drop_unreviewed=config.drop_unreviewed,
             )
 
     def _batches(self, unit: Callable[[Writes], int], label: str) -> int:
@@ -82,12 +85,13 @@ class Retention:
 
     def sweep(self) -> dict[str, int]:
         """Drop what retention says, batch by batch; what was dropped, by kind."""
-        messages, archived, keep = self._cutoffs()
+        config = self._config  # one config for the whole sweep
+        messages, archived, keep = cutoffs(config, now=self._clock())
         dropped = {"messages": 0, "archived_rows": 0, "revisions": 0}
         if messages is not None:
             after = 0
             for _ in range(MAX_BATCHES):
-                unit = _expiring(messages, after, drop_unreviewed=self._config.drop_unreviewed)
+                unit = _expiring(messages, after, drop_unreviewed=config.drop_unreviewed)
                 batch = self._writer.write(unit, label="retention of messages")
                 dropped["messages"] += batch.dropped
                 after = batch.after_id

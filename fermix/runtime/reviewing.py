@@ -21,7 +21,8 @@ import logging
 import math
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from fermix import llm
 from fermix.clock import now_ms
@@ -30,6 +31,7 @@ from fermix.core import review, review_admission, review_answer
 from fermix.core.review import CLAIM_TTL_MS, ReviewResult, Skip
 from fermix.errors import FermixError, ModelError, ReviewOutputError
 from fermix.model import ConversationKey, ConversationState, MemoryRow
+from fermix.runtime import outcomes
 from fermix.runtime.review_apply import apply_admitted
 from fermix.runtime.review_inputs import shown_rows
 from fermix.runtime.telemetry import Telemetry
@@ -61,7 +63,12 @@ class Reviewing:
         defer_other_owners: bool = True,
         telemetry: Telemetry | None = None,
     ) -> None:
-        self._config = config
+        self._fixed_route = route is not None
+        self._settings = _Settings(
+            config, route if route is not None else llm.Route.from_config(config.model)
+        )
+        """The config and route every review reads, swapped whole by :meth:`reconfigure`:
+        a review takes them once, so no review mixes an old value with a new one."""
         self._telemetry = Telemetry() if telemetry is None else telemetry
         """Counts the reviews by outcome and traces them and their model calls (O1, O2)."""
         self._db = db
@@ -69,11 +76,21 @@ class Reviewing:
         self._clock = clock
         self._defer = defer_other_owners
         """Whether a shared row's other owners get their files later (M6; False: at once)."""
-        self.route = route if route is not None else llm.Route.from_config(config.model)
-        """The agent's route: the configured primary and fallbacks (E4)."""
         self._swept: dict[ConversationKey, str] = {}
         """Claims the sweep took (:meth:`claim_due`) that no review has taken yet."""
         self._swept_lock = threading.Lock()
+
+    @property
+    def route(self) -> llm.Route:
+        """The agent's route: the configured primary and fallbacks (E4)."""
+        return self._settings.route
+
+    def reconfigure(self, config: Config) -> None:
+        """Review by ``config`` from the next review or sweep on (W1): its interval (0 turns
+        background reviews off), budgets, backoff and model route; a review running now
+        finishes with what it started with. A route given at build stays."""
+        route = self._settings.route if self._fixed_route else llm.Route.from_config(config.model)
+        self._settings = _Settings(config, route)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -96,7 +113,7 @@ class Reviewing:
         A conversation whose last review left part of its backlog is due at once: that
         review kept its last complete review's time (M5, see :meth:`_finish`).
         """
-        gates = self._sweep_gates()
+        gates = self._sweep_gates(self._settings.config)
         if gates is None:
             return []
         with self._db.read() as reads:
@@ -107,8 +124,9 @@ class Reviewing:
         M7, B2): in one write, so no other process's sweep claims them too. Each claim
         passes to the next review of its conversation here (:meth:`review`); one that no
         review takes goes back with :meth:`release`. None without a model (M8)."""
-        gates = self._sweep_gates()
-        if gates is None or self.route.primary is None or limit < 1:
+        settings = self._settings
+        gates = self._sweep_gates(settings.config)
+        if gates is None or settings.route.primary is None or limit < 1:
             return []
         token = uuid.uuid4().hex
         keys = self._writer.write(
@@ -130,10 +148,10 @@ class Reviewing:
         self._give_back(key, token)
         return token is not None
 
-    def _sweep_gates(self) -> dict[str, int] | None:
-        """The gates of a sweep at this moment, as the storage filters take them (None:
-        background reviews are off, E2)."""
-        cfg = self._config.memory
+    def _sweep_gates(self, config: Config) -> dict[str, int] | None:
+        """The gates of a sweep by ``config`` at this moment, as the storage filters take
+        them (None: background reviews are off, E2)."""
+        cfg = config.memory
         if cfg.review_interval_hours == 0:
             return None
         return {
@@ -171,11 +189,12 @@ class Reviewing:
     def _review(self, key: ConversationKey, *, force: bool) -> ReviewResult:
         if self._writer.has_stale_files:
             self._writer.repair_files()
-        result, newest = self._review_once(key, force=force)
+        settings = self._settings  # one config and route for the whole review
+        result, newest = self._review_once(settings, key, force=force)
         if not force:
             return result
         while result.status in ("applied", "nothing") and result.left > 0:
-            later, _ = self._review_once(key, force=True, up_to=newest)
+            later, _ = self._review_once(settings, key, force=True, up_to=newest)
             if later.status == "skipped":
                 break
             result = result.followed_by(later)
@@ -183,11 +202,11 @@ class Reviewing:
         return result
 
     def _review_once(
-        self, key: ConversationKey, *, force: bool, up_to: int | None = None
+        self, settings: _Settings, key: ConversationKey, *, force: bool, up_to: int | None = None
     ) -> tuple[ReviewResult, int]:
-        """One review of ``key`` (of messages up to ``up_to`` when given), and the newest
-        user message it could take."""
-        cfg = self._config.memory
+        """One review of ``key`` by ``settings`` (of messages up to ``up_to`` when given),
+        and the newest user message it could take."""
+        cfg = settings.config.memory
         now = self._clock()
         with self._swept_lock:
             swept = self._swept.pop(key, None)  # the sweep's claim, taken over here
@@ -204,10 +223,13 @@ class Reviewing:
             newest_user_message_id=newest,
             force=force,
         )
-        if self.route.primary is None:
+        if settings.route.primary is None and skip is None:
             # No model configured: the start of the process said so once (M8); a review the
-            # gates would run is skipped, neither failed nor put into its backoff.
-            skip = skip or Skip.NO_MODEL
+            # gates would run is skipped, neither failed nor put into its backoff, and the
+            # console is told why (W1).
+            skip = Skip.NO_MODEL
+            if state is not None:
+                outcomes.record_skip(self._writer, state, work="review", reason=skip.value, now=now)
         if skip is not None or state is None:
             self._give_back(key, swept)
             return ReviewResult(key, "skipped", skip=skip or Skip.NO_NEW_MESSAGES), newest
@@ -229,14 +251,17 @@ class Reviewing:
         if lost is not None:
             return ReviewResult(key, "skipped", skip=lost), newest
         try:
-            return self._claimed(state, newest, token), newest
-        except BaseException:
-            self._record_failure(key, token)
+            return self._claimed(settings, state, newest, token), newest
+        except BaseException as exc:
+            self._record_failure(key, token, outcomes.failure_reason(exc))
             raise
 
-    def _claimed(self, state: ConversationState, newest: int, token: str) -> ReviewResult:
-        """The review of ``state`` once this process holds its claim ``token``."""
-        key, cfg = state.key, self._config.memory
+    def _claimed(
+        self, settings: _Settings, state: ConversationState, newest: int, token: str
+    ) -> ReviewResult:
+        """The review of ``state`` by ``settings`` once this process holds its claim
+        ``token``."""
+        key, cfg, route = state.key, settings.config.memory, settings.route
         with self._db.read() as reads:
             # An erasure after this point (F4) makes the write below write nothing: what the
             # model is shown may be what was erased.
@@ -254,7 +279,7 @@ class Reviewing:
                 waiting,
                 max_messages=cfg.review_max_messages,
                 token_budget=cfg.review_input_token_budget,
-                model=self.route.primary,
+                model=route.primary,
             )
             speakers = review.speakers_of(packed.messages)
             shown = shown_rows(
@@ -262,7 +287,7 @@ class Reviewing:
                 state,
                 packed.messages,
                 token_budget=cfg.review_rows_token_budget,
-                model_name=self.route.primary,
+                model_name=route.primary,
                 speakers=speakers,
             )
         messages = packed.messages
@@ -278,7 +303,15 @@ class Reviewing:
         if not messages:
             # The messages the gate saw are gone (deleted from outside): nothing to show.
             self._writer.write(
-                lambda writes: self._finish(writes, key, token, newest, caught_up=True),
+                lambda writes: self._finish(
+                    writes,
+                    key,
+                    token,
+                    newest,
+                    caught_up=True,
+                    outcome="nothing",
+                    reason="no_messages",
+                ),
                 label=f"review of {key.scope_id}",
             )
             result.reviews = 0
@@ -295,7 +328,7 @@ class Reviewing:
         caught_up = result.left == 0
         try:
             answer = llm.complete(
-                self.route,
+                route,
                 review.build_prompt(messages, shown, speakers),
                 agent=AGENT_TAG,
                 response_format=review_answer.RESPONSE_SCHEMA,
@@ -306,7 +339,7 @@ class Reviewing:
             operations = review_answer.parse(answer.content)
         except (ModelError, ReviewOutputError) as exc:
             log.warning("review of %s/%s failed: %s", key.agent_id, key.scope_id, exc)
-            self._record_failure(key, token)
+            self._record_failure(key, token, outcomes.failure_reason(exc, model=result.model))
             result.status, result.error = "failed", str(exc)
             result.tried = getattr(exc, "tried", result.tried)
             result.messages, result.left = 0, count  # nothing was marked reviewed
@@ -331,9 +364,20 @@ class Reviewing:
                 # and the next review reads what is left (F4).
                 erased.append(True)
                 writes.release_review(key, token=token)
+                writes.record_outcome(
+                    key, work="review", outcome="nothing", reason="erasure_ran", now=self._clock()
+                )
                 return []
             written = apply_admitted(writes, state, admission, said, last)
-            self._finish(writes, key, token, last, caught_up=caught_up)
+            self._finish(
+                writes,
+                key,
+                token,
+                last,
+                caught_up=caught_up,
+                outcome="applied" if admission.admitted else "nothing",
+                reason=_counts(admission.admitted, len(admission.refused), len(messages), count),
+            )
             return written
 
         # A shared row reaches every owner that has files already; the speakers may have
@@ -372,19 +416,30 @@ class Reviewing:
         return result
 
     def _finish(
-        self, writes: Writes, key: ConversationKey, token: str, last: int, *, caught_up: bool
+        self,
+        writes: Writes,
+        key: ConversationKey,
+        token: str,
+        last: int,
+        *,
+        caught_up: bool,
+        outcome: str,
+        reason: str,
     ) -> None:
-        """Mark the user messages up to ``last`` reviewed and release the claim (M5).
+        """Mark the user messages up to ``last`` reviewed, release the claim (M5) and keep
+        ``outcome`` and ``reason`` for the console (W1).
 
         A review that left part of the backlog keeps the time of the last review that
         caught up (none, for a conversation never caught up): the interval counts from
         there, so the rest is due at once.
         """
         before = writes.conversation(key)
-        if not writes.finish_review(key, token=token, now=self._clock(), last_message_id=last):
+        now = self._clock()
+        if not writes.finish_review(key, token=token, now=now, last_message_id=last):
             raise FermixError("the review claim expired before the review finished")
         if not caught_up and before is not None:
             writes.update_conversation(key, last_reviewed_at=before.last_reviewed_at)
+        writes.record_outcome(key, work="review", outcome=outcome, reason=reason, now=now)
 
     def _give_back(self, key: ConversationKey, swept: str | None) -> None:
         """Release the sweep's claim ``swept`` of a review that did not run (logged if that
@@ -399,15 +454,38 @@ class Reviewing:
         except FermixError:
             log.exception("could not release the sweep's claim of %s", key.scope_id)
 
-    def _record_failure(self, key: ConversationKey, token: str) -> None:
-        """Start the failure backoff and release the claim; logged if that fails too."""
+    def _record_failure(self, key: ConversationKey, token: str, reason: str) -> None:
+        """Start the failure backoff, release the claim and keep ``reason`` for the console
+        (W1); logged if that fails too."""
+        now = self._clock()
+
+        def failed(writes: Writes) -> None:
+            writes.fail_review(key, token=token, now=now)
+            writes.record_outcome(key, work="review", outcome="failed", reason=reason, now=now)
+
         try:
-            self._writer.write(
-                lambda writes: writes.fail_review(key, token=token, now=self._clock()),
-                label=f"review failure {key.scope_id}",
-            )
+            self._writer.write(failed, label=f"review failure {key.scope_id}")
         except FermixError:
             log.exception("could not record the failed review of %s", key.scope_id)
+
+
+class _Settings(NamedTuple):
+    """What one review reads of the config, taken once (:meth:`Reviewing.reconfigure`)."""
+
+    config: Config
+    route: llm.Route
+
+
+def _counts(admitted: Sequence[Any], refused: int, messages: int, backlog: int) -> str:
+    """The reason of a review that ran: what it took and did, in counts only."""
+    ops = [op.op for op in admitted]
+    done = ", ".join(f"{ops.count(op)} {op}" for op in ("add", "replace", "archive") if op in ops)
+    left = backlog - messages
+    return (
+        f"{messages} message(s) read; {done or 'no change'}"
+        + (f"; {refused} refused" if refused else "")
+        + (f"; {left} left" if left > 0 else "")
+    )
 
 
 def _span_attributes(key: ConversationKey, force: bool) -> dict[str, str | bool]:

@@ -24,8 +24,10 @@ recall and each model call, with OpenTelemetry's GenAI attributes (``gen_ai.*``)
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -65,6 +67,11 @@ LATENCY_BUCKETS = (
 """Seconds of an append, a commit or a compose: tens of microseconds to seconds."""
 MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 """Seconds of one model call, up to twice the default timeout."""
+
+RECENT_WINDOW_S = 60.0
+"""Seconds over which the status document gives the append and compose latency (W1, N7)."""
+RECENT_KEEP = 4096
+"""Values a latency window keeps at most (the newest): its quantiles stay cheap to read."""
 
 OTEL_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 """OpenTelemetry's standard variables naming where OTLP spans go."""
@@ -151,6 +158,51 @@ class Histogram:
         return out
 
 
+class Recent:
+    """The values observed over the last :data:`RECENT_WINDOW_S` seconds (the newest
+    :data:`RECENT_KEEP` of them): their median and 99th percentile for the status document,
+    where a histogram since the start would hide a recent slowdown.
+
+    Adding is one clock read and one ``deque.append`` (atomic), no lock: it sits on the
+    append path beside the histogram.
+    """
+
+    __slots__ = ("_clock", "_values", "window_s")
+
+    def __init__(
+        self,
+        window_s: float = RECENT_WINDOW_S,
+        keep: int = RECENT_KEEP,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._values: collections.deque[tuple[float, float]] = collections.deque(maxlen=keep)
+
+    def add(self, value: float) -> None:
+        """Keep ``value``, observed now."""
+        self._values.append((self._clock(), value))
+
+    def summary(self) -> dict[str, float | int | None]:
+        """``count``, ``p50_ms`` and ``p99_ms`` of the values of the window (None without
+        any), in milliseconds, nearest rank."""
+        since = self._clock() - self.window_s
+        values = sorted(v for at, v in list(self._values) if at >= since)
+        return {
+            "count": len(values),
+            "p50_ms": _rank(values, 0.50),
+            "p99_ms": _rank(values, 0.99),
+        }
+
+
+def _rank(values: Sequence[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted ``values`` by nearest rank, in milliseconds."""
+    if not values:
+        return None
+    index = min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))
+    return round(values[index] * 1000, 3)
+
+
 class Tally:
     """A counter read off a :class:`Histogram`: how many values each label values observed
     (the appends by outcome are their latency histogram's counts: one update per append)."""
@@ -231,6 +283,10 @@ class Telemetry:
             MODEL_BUCKETS,
             ("model", "agent"),
         )
+        self.recent_appends = Recent()
+        """The appends of the last minute, whatever their outcome (the status document)."""
+        self.recent_composes = Recent()
+        """The composes of the last minute (the status document)."""
         self.model_tokens = Counter(
             "fermix_model_tokens",
             "Tokens the models reported, by model, agent and direction.",
@@ -263,6 +319,21 @@ class Telemetry:
     def appended(self, outcome: str, seconds: float) -> None:
         """One append ended: ``stored``, ``replayed`` or ``failed``, after ``seconds``."""
         self.append_seconds.observe(seconds, (outcome,))
+        self.recent_appends.add(seconds)
+
+    def composed(self, seconds: float) -> None:
+        """One compose took ``seconds``."""
+        self.compose_seconds.observe(seconds)
+        self.recent_composes.add(seconds)
+
+    def latency(self) -> dict[str, Any]:
+        """The append and compose latency of the last :data:`RECENT_WINDOW_S` seconds:
+        their count, median and 99th percentile in milliseconds (the status document)."""
+        return {
+            "window_s": RECENT_WINDOW_S,
+            "append": self.recent_appends.summary(),
+            "compose": self.recent_composes.summary(),
+        }
 
     def commits_from(self, read: Callable[[], CommitStats]) -> None:
         """Expose the group commit's own counts at each scrape: commits, their batch sizes

@@ -48,6 +48,13 @@ class Timer:
             self._jobs[name] = _Job(name, interval_s, run)
             self._changed.notify_all()
 
+    def cancel(self, name: str) -> bool:
+        """Run job ``name`` no more (a run in progress finishes); True if there was one."""
+        with self._lock:
+            found = self._jobs.pop(name, None) is not None
+            self._changed.notify_all()
+        return found
+
     def jobs(self) -> dict[str, float]:
         """Each job's name and interval in seconds."""
         with self._lock:

@@ -130,10 +130,13 @@ class Writer:
                     result = self._append(new, trust, peak_prompt_tokens, owner_id)
                     span.set_attribute("fermix.replayed", result.replayed)
         except BaseException:
-            telemetry.append_seconds.observe(time.perf_counter() - started, _FAILED)
+            seconds = time.perf_counter() - started
+            telemetry.append_seconds.observe(seconds, _FAILED)
+            telemetry.recent_appends.add(seconds)
             raise
         seconds = time.perf_counter() - started
         telemetry.append_seconds.observe(seconds, _REPLAYED if result.replayed else _STORED)
+        telemetry.recent_appends.add(seconds)  # the status document's last minute (W1)
         return result
 
     def _append(

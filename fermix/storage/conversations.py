@@ -18,7 +18,14 @@ from typing import Any
 
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError
-from fermix.model import ConversationKey, ConversationState, Message, check_trust
+from fermix.model import (
+    OUTCOME_WORK,
+    ConversationKey,
+    ConversationState,
+    Message,
+    check_trust,
+    outcome_reason,
+)
 from fermix.storage import messages
 from fermix.storage.port import NO_MARK, WindowMark
 from fermix.storage.sql import Sql
@@ -41,6 +48,12 @@ COLUMNS = (
     "compaction_failed_at",
     "created_at",
     "updated_at",
+    "review_outcome",
+    "review_reason",
+    "review_outcome_at",
+    "compaction_outcome",
+    "compaction_reason",
+    "compaction_outcome_at",
 )
 """The columns of a conversation row, in :class:`~fermix.model.ConversationState`'s order."""
 
@@ -359,6 +372,23 @@ def fail_review(sql: Sql, key: ConversationKey, *, token: str, now: int) -> None
         f" review_claim_expires_at = NULL, updated_at = ? WHERE {WHERE_KEY}"
         " AND review_claim_token = ?",
         (now, now, *key.as_tuple(), token),
+    )
+
+
+def record_outcome(
+    sql: Sql, key: ConversationKey, *, work: str, outcome: str, reason: str, now: int
+) -> None:
+    """Keep how the last ``work`` (``review`` or ``compaction``) of ``key`` ended and why,
+    bounded (:func:`~fermix.model.outcome_reason`); ``updated_at`` stays (caller's
+    transaction)."""
+    if work not in OUTCOME_WORK:
+        raise InvalidInputError(f"work must be one of {list(OUTCOME_WORK)}, not {work!r}")
+    if not outcome or len(outcome) > 20:
+        raise InvalidInputError(f"not an outcome: {outcome!r}")
+    sql.run(
+        f"UPDATE conversations SET {work}_outcome = ?, {work}_reason = ?, {work}_outcome_at = ?"
+        f" WHERE {WHERE_KEY}",
+        (outcome, outcome_reason(reason), now, *key.as_tuple()),
     )
 
 

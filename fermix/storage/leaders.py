@@ -49,6 +49,15 @@ class CommitStats:
     queued: int
     """Writes waiting behind the batch that runs now."""
 
+    def plus(self, other: CommitStats) -> CommitStats:
+        """These and ``other``'s counts together: two committers of one database."""
+        return CommitStats(
+            self.commits + other.commits,
+            self.units + other.units,
+            tuple(a + b for a, b in zip(self.sizes, other.sizes, strict=True)),
+            self.queued + other.queued,
+        )
+
 
 class CommitObserver(Protocol):
     """What a group commit tells of its failures, for the runtime's metrics (O1): the

@@ -641,6 +641,14 @@ class Writes(Reads, Protocol):
         """Record a failed review (for the backoff) and release its claim."""
         ...
 
+    def record_outcome(
+        self, key: ConversationKey, *, work: str, outcome: str, reason: str, now: int
+    ) -> None:
+        """Keep how the last ``work`` (``review`` or ``compaction``) of ``key`` ended and a
+        short ``reason`` (bounded, never message text), for the console (W1); a key without
+        a row records nothing (caller's transaction)."""
+        ...
+
     def release_expired_claims(self, *, now: int) -> int:
         """Clear every review claim past its expiry; return how many (caller's transaction)."""
         ...

@@ -124,6 +124,7 @@ class SharedWrites(SharedReads, WriteSession):
     finish_review = SqlOp(_conversations.finish_review)
     release_review = SqlOp(_conversations.release_review)
     fail_review = SqlOp(_conversations.fail_review)
+    record_outcome = SqlOp(_conversations.record_outcome)
     release_expired_claims = SqlOp(_conversations.release_expired_claims)
 
     # erasures (F1-F5): one bounded batch per unit

@@ -468,6 +468,35 @@ def test_k3_an_empty_summary_is_a_failure_that_changes_no_window(
     assert rig.state().compaction_failed_at == rig.now[0]  # type: ignore[union-attr]
 
 
+def test_w1_a_compaction_keeps_its_outcome_and_a_reason_without_the_text(
+    rig: CompactionRig, model_server: ModelServer
+) -> None:
+    """W1: the last compaction that was due keeps its outcome and a short reason (the model
+    and error class, or what it did); routine skips (under the threshold) record nothing."""
+    compacting = rig.compacting()
+    rig.fill(30)
+    rig.append("assistant", "last", peak=THRESHOLD_TOKENS)
+    model_server.fail(500)
+    assert compacting.compact(KEY).status == "failed"
+    state = rig.state()
+    assert state is not None and state.compaction_outcome == "failed"
+    assert state.compaction_reason == f"model_error: unavailable: {MODEL} InternalServerError"
+    assert state.compaction_outcome_at == rig.now[0]
+
+    rig.now[0] += 60_000
+    model_server.reply("A summary of the harbour talk.")
+    assert compacting.compact(KEY).notice == NOTICE
+    state = rig.state()
+    assert state is not None and state.compaction_outcome == "compacted"
+    assert state.compaction_reason is not None
+    assert f"summarized by {MODEL}" in state.compaction_reason
+    assert "harbour" not in state.compaction_reason
+
+    rig.now[0] += 1
+    assert compacting.compact(KEY).reason == "cold"  # the peak was used up: not recorded
+    assert rig.state().compaction_outcome == "compacted"  # type: ignore[union-attr]
+
+
 def test_k4_the_failure_backoff_does_not_hold_back_a_forced_compaction(
     rig: CompactionRig, model_server: ModelServer
 ) -> None:
@@ -510,6 +539,9 @@ def test_k1_a_model_without_a_known_context_window_is_never_compacted(
     assert compacting.compact(KEY).reason == "unknown_context_window"
     assert compacting.compact(KEY, force=True).reason == "unknown_context_window"
     assert model_server.requests == []
+    state = rig.state()  # W1: a due compaction that cannot run says why
+    assert state is not None and state.compaction_outcome == "skipped"
+    assert state.compaction_reason == "unknown_context_window"
 
 
 def test_k1_a_forced_compaction_of_a_window_that_fits_has_nothing_to_summarize(

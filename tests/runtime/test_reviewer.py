@@ -697,6 +697,60 @@ def test_e4_m8_no_configured_model_skips_the_review_as_no_model_not_a_failure_no
     assert state.review_failed_at is None and state.review_claim_token is None  # no backoff
 
 
+def test_w1_a_failed_review_keeps_a_reason_naming_the_model_and_error_never_the_text(
+    rig: Rig, model_server: ModelServer, home: Path, clock: Clock
+) -> None:
+    """W1: the console can say why a review failed: the reason names each model tried and
+    its error class, and never carries the message or the provider's answer."""
+    model_server.fail(500, {"error": {"message": "upstream echoed: my key is sk-live-123"}})
+    conv = rig.conversation("1", owner_id="alice")
+    conv.append_user("I'm Ana and my key is sk-live-123")
+    assert rig.review(conv).status == "failed"
+    state = stored_state(home, conv.key)
+    assert (state.review_outcome, state.review_outcome_at) == ("failed", clock.now)
+    assert state.review_reason == f"model_error: unavailable: {MODEL} InternalServerError"
+
+    model_server.fail(401)
+    clock.advance(BACKOFF_MS)
+    assert rig.review(conv).status == "failed"
+    reason = stored_state(home, conv.key).review_reason
+    assert reason == f"model_error: refused: {MODEL} AuthenticationError"
+
+
+def test_w1_a_rejected_answer_is_a_parse_error_and_an_applied_review_keeps_its_counts(
+    rig: Rig, model_server: ModelServer, home: Path, clock: Clock
+) -> None:
+    conv = rig.conversation("1", owner_id="alice")
+    conv.append_user("I'm Ana")
+    model_server.reply("I will remember that, Ana!")
+    assert rig.review(conv).status == "failed"
+    state = stored_state(home, conv.key)
+    assert state.review_outcome == "failed"
+    assert state.review_reason == f"parse_error: the answer of {MODEL} was rejected"
+
+    clock.advance(BACKOFF_MS)
+    model_server.reply_json(ops(add("identity", "name", "Ana")))
+    assert rig.review(conv).status == "applied"
+    state = stored_state(home, conv.key)
+    assert (state.review_outcome, state.review_reason) == ("applied", "1 message(s) read; 1 add")
+
+
+def test_w1_m8_a_due_review_without_a_model_keeps_no_model_once_not_per_turn(
+    make_rig: Callable[..., Rig], home: Path, clock: Clock
+) -> None:
+    rig = make_rig(Config())
+    conv = rig.conversation("1", owner_id="alice")
+    conv.append_user("I'm Ana")
+    assert rig.review(conv).skip is Skip.NO_MODEL
+    state = stored_state(home, conv.key)
+    assert (state.review_outcome, state.review_reason) == ("skipped", "no_model")
+    at = state.review_outcome_at
+    clock.advance(1)
+    conv.append_user("and I live in Porto")
+    assert rig.review(conv).skip is Skip.NO_MODEL
+    assert stored_state(home, conv.key).review_outcome_at == at  # the same skip: no write
+
+
 # -- the gates and the claim (E2) ----------------------------------------------------------
 
 

@@ -32,9 +32,8 @@ from factories import Clock, StartMemory, config_for, fact
 from model_server import ModelServer
 from storage_fixtures import Backend, Store
 
-from fermix import llm
 from fermix.api import Memory
-from fermix.config import Config, MemoryConfig, StorageConfig
+from fermix.config import Config, MemoryConfig, ModelConfig, StorageConfig
 from fermix.core import review
 from fermix.core.review import Skip
 from fermix.core.review_answer import NOTHING_TO_SAVE
@@ -187,7 +186,8 @@ def test_m8_without_a_model_the_sweep_claims_nothing_but_lists_what_is_due(
 ) -> None:
     config = config_for(model_server, primary=MODEL, memory=MemoryConfig())
     a = services(config)
-    a.reviewing.route = llm.Route(None, ())
+    a.reviewing.reconfigure(dataclasses.replace(config, model=ModelConfig()))  # no model
+    assert a.reviewing.route.primary is None
     a.say(_key(1), "hello")
     assert a.reviewing.due() == [_key(1)]
     assert a.reviewing.claim_due(5) == []

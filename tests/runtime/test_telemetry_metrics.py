@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fermix.api import Memory
 from fermix.config import Config, EmbeddingConfig, validate_key
 from fermix.errors import ConfigError, WriteFailedError
-from fermix.runtime.telemetry import Counter, Histogram, Telemetry
+from fermix.runtime.telemetry import Counter, Histogram, Recent, Telemetry
 
 QUIET = Config(embedding=EmbeddingConfig(enabled=False))
 """No embedder: these tests count appends, not the background vectors."""
@@ -276,3 +276,39 @@ def test_o1_hostile_label_values_and_texts_survive_the_text_format() -> None:
     shown = [name.encode("utf-8", "replace").decode("utf-8") for name in names]
     assert parsed == {name: float(shown.count(name)) for name in shown}
     assert any(name != text for name, text in zip(shown, names, strict=True))  # one had one
+
+
+def test_w1_the_recent_latency_is_the_last_window_s_median_and_99th_percentile() -> None:
+    """W1, N7: the status document's latency is the last minute's, by nearest rank, so a
+    slowdown shows at once instead of being averaged into everything since the start."""
+    now = [1000.0]
+    recent = Recent(window_s=60, keep=1000, clock=lambda: now[0])
+    assert recent.summary() == {"count": 0, "p50_ms": None, "p99_ms": None}
+    for _ in range(100):
+        recent.add(5.0)  # slow, and a minute old soon
+    now[0] += 61
+    for n in range(1, 101):
+        recent.add(n / 1000)  # 1 ms .. 100 ms
+    assert recent.summary() == {"count": 100, "p50_ms": 50.0, "p99_ms": 99.0}
+    now[0] += 61
+    assert recent.summary()["count"] == 0
+
+
+def test_w1_the_newest_values_are_kept_when_a_window_overflows() -> None:
+    recent = Recent(window_s=60, keep=10, clock=lambda: 0.0)
+    for n in range(1, 21):
+        recent.add(n / 1000)
+    assert recent.summary() == {"count": 10, "p50_ms": 15.0, "p99_ms": 20.0}
+
+
+def test_w1_appends_and_composes_feed_the_latency_of_memory_stats(
+    start_memory: StartMemory,
+) -> None:
+    memory = start_memory(Config())
+    conv = memory.conversation("agent", "telegram", "1", owner_id="ana")
+    for n in range(3):
+        conv.append_user(f"message {n}")
+    conv.compose(system="be brief")
+    latency = memory.stats()["latency"]
+    assert latency["append"]["count"] == 3 and latency["compose"]["count"] == 1
+    assert 0 < latency["append"]["p50_ms"] <= latency["append"]["p99_ms"]

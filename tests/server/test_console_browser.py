@@ -1,9 +1,11 @@
 """The operator's console in a real browser: headless Chromium driven by Playwright (W3).
 
 One walk through every page against a real server process (``start_server``), at 360 px
-wide (W1): sign in, find a row, archive and restore it, roll USER.md back and read the
-diff, change the review interval and find it in config.toml (its comment kept), create and
-revoke a token; hostile values from the catalogue show as text; a host token, a forged
+wide (W1): sign in, find a row, archive and restore it, forget one, roll USER.md back and
+read the diff, change the review interval and find it in config.toml (its comment kept),
+create and revoke a token, read why a review failed (its model answered 500: the loopback
+model server) and the latency chart; hostile values from the catalogue show as text; a
+host token, a forged
 cross-site form and writes without the session's CSRF token change nothing (W2). A
 screenshot of each page is saved under the test's ``tmp_path`` and its path printed.
 
@@ -26,6 +28,7 @@ import httpx
 import pytest
 from factories import fact, other_process
 from hostile_data import TEXTS
+from model_server import ModelServer
 from server_fixtures import AGENT, ServerProcess, StartServer
 
 from fermix.server.http.sessions import COOKIE
@@ -48,10 +51,19 @@ MARKUP = [t for t in TEXTS if "<script" in t] + [
 """Hostile catalogue texts that would be markup if a page ever parsed them as HTML."""
 HOSTILE_OWNER = "<script>alert(1)</script>"
 """An owner id from the catalogue: shown as an option's text, never run."""
-CONFIG = """\
+BROKEN_MODEL = "openai/broken"
+"""The route's model: the loopback server answers its review with a 500."""
+
+
+def config(model_server: ModelServer) -> str:
+    return f"""\
 # Hand-written: this comment must survive the console's edit (W1).
 [fermix_core.memory]
 review_interval_hours = 24.0
+
+[fermix_core.model]
+primary = "{BROKEN_MODEL}"
+api_base = "{model_server.url}"
 """
 
 
@@ -171,16 +183,20 @@ def test_w3_the_console_in_headless_chromium_does_each_page_and_refuses_forgerie
     home: Path,
     tmp_path: Path,
     attacker: ThreadingHTTPServer,
+    model_server: ModelServer,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """W1-W3: every page by its labelled controls in a real browser, and what is refused.
     The screenshots' paths are printed past pytest's capture, so a CI log names them."""
     sync_playwright = _browser_or_skip()
     _seed(home)
-    server = start_server(CONFIG)
-    talk = server.client().conversation(AGENT, "telegram", "hostile", owner_id=HOSTILE_OWNER)
+    server = start_server(config(model_server))
+    client = server.client()
+    talk = client.conversation(AGENT, "telegram", "hostile", owner_id=HOSTILE_OWNER)
     for text in MARKUP:
         talk.append_user(text)
+    model_server.fail(500)  # the review's one model call: failed, and the reason kept
+    assert client.review(talk).status == "failed"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -239,6 +255,22 @@ def _walk(walk: Walk, context: Any, attacker: ThreadingHTTPServer, dialogs: list
     page.get_by_role("button", name="Restore drink", exact=True).click()
     walk.notice("restored")
     assert walk.row("drink")["archived_at"] is None
+
+    # -- forget a row: erased for good, after the browser's confirmation ---------------------
+    page.get_by_label("Archived", exact=True).select_option("live")
+    page.get_by_role("button", name="Find", exact=True).click()
+    doomed = walk.row("hostile0")
+    page.get_by_role("button", name="Forget hostile0", exact=True).click()
+    walk.notice(f"Row {doomed['id']} forgotten")
+    assert dialogs == [f"Erase row {doomed['id']} for good?"]
+    dialogs.clear()
+    gone = walk.api.get(
+        f"/v1/agents/{AGENT}/memories",
+        params={"owner_id": "alice", "key": "hostile0", "include_archived": True},
+    )
+    assert gone.json()["memories"] == []
+    assert page.get_by_role("cell", name="hostile1", exact=True).count() == 1
+    assert page.get_by_role("cell", name="hostile0", exact=True).count() == 0
 
     # -- prompt files: roll USER.md back to the tea, read the diff ---------------------------
     before = walk.user_md()
@@ -305,9 +337,15 @@ def _walk(walk: Walk, context: Any, attacker: ThreadingHTTPServer, dialogs: list
     # -- reviews and jobs; status ------------------------------------------------------------
     walk.go("Reviews and jobs")
     page.get_by_role("heading", name="Recent reviews and compactions").wait_for()
+    reason = f"model_error: unavailable: {BROKEN_MODEL} InternalServerError"
+    page.get_by_role("cell", name=reason, exact=True).wait_for()  # why it failed, as text
+    failed = page.locator("section", has_text="Failed").locator("li").all_text_contents()
+    assert any(HOSTILE_OWNER in f and f.endswith(f"review: {reason}") for f in failed), failed
     walk.shot("reviews")
     walk.go("Status")
     page.locator("#status-now td", has_text="live_conversations").wait_for()
+    assert page.get_by_role("img", name=re.compile("^Append and compose latency")).count() == 1
+    page.locator("#status-now td", has_text="latency.append.p99_ms").wait_for()
     page.get_by_role("button", name="Run doctor's checks", exact=True).click()
     page.locator("#doctor td").first.wait_for()
     walk.shot("status")

@@ -115,7 +115,7 @@ def _status(home: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_n7_status_says_since_when_where_what_it_holds_and_how_fast(
+def test_n7_w1_status_says_since_when_where_what_it_holds_how_fast_and_how_long_it_takes(
     served: tuple[Path, Api],
 ) -> None:
     home, api = served
@@ -139,9 +139,19 @@ def test_n7_status_says_since_when_where_what_it_holds_and_how_fast(
             status == 200 and len(body["messages"]) == (appended + 2 - handles.index(handle)) // 3
         )
 
+    for handle in handles:
+        status, body = api.call("POST", f"/conversations/{handle}/compose", {"system": "be brief"})
+        assert status == 200, body
+
     shown = _fermix(home, "server", "status", "--json")
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
+    # W1: append and compose latency of the last minute, what the console charts
+    latency = data["latency"]
+    assert latency["window_s"] == 60 and latency["append"]["count"] == appended
+    assert latency["compose"]["count"] == 3
+    for name in ("append", "compose"):
+        assert 0 < latency[name]["p50_ms"] <= latency[name]["p99_ms"], latency
     assert data["running"] is True and data["url"] == api.url
     assert began - 60 < data["started_at"] <= time.time()
     assert data["live_conversations"] == 3
@@ -158,6 +168,7 @@ def test_n7_status_says_since_when_where_what_it_holds_and_how_fast(
     for words in ("running since", api.url, "live conversations", "appends per second"):
         assert words in table.stdout, words
     assert "reviews in flight" in table.stdout and "compactions in flight" in table.stdout
+    assert "append latency (last 60 s)" in table.stdout and "compose latency" in table.stdout
     assert f"({appended} in all)" in table.stdout
 
 

@@ -319,3 +319,19 @@ def test_a_server_on_a_unix_socket_is_not_remote(store: PgDatabase) -> None:
     with psycopg.connect(store.url) as conn:
         assert conn.info.host.startswith("/")
         assert not remote(conn)
+
+
+def test_o1_the_aside_committer_s_commits_are_counted_with_the_group_commit_s(
+    store: PgDatabase,
+) -> None:
+    """O1: the commits of ``write_aside`` (the erasures' steps, on a connection of their
+    own) are in ``commit_stats`` as the group commit's are: transactions, writes, sizes."""
+    before = store.commit_stats()
+    store.write(append_unit(KEY, "grouped"), label="append")
+    assert store.commit_stats().commits - before.commits == 1
+    store.write_aside(append_unit(OTHER, "aside"), label="erasure step")
+    store.write_aside(append_unit(OTHER, "aside again"), label="erasure step")
+    after = store.commit_stats()
+    assert (after.commits - before.commits, after.units - before.units) == (3, 3)
+    assert after.sizes[0] - before.sizes[0] == 3  # each a batch of one
+    assert after.queued == 0

@@ -23,7 +23,8 @@ from storage_fixtures import Backend, Store
 
 from fermix.clock import now_ms
 from fermix.core import review
-from fermix.model import ConversationKey, Message, NewMessage
+from fermix.errors import InvalidInputError
+from fermix.model import REASON_MAX_CHARS, ConversationKey, Message, NewMessage
 from fermix.storage.sqlite.connection import transaction
 from fermix.storage.sqlite.database import Database
 from fermix.storage.sqlite.migrations import latest_version, migrations
@@ -394,3 +395,45 @@ def test_m7_a_sweep_takes_conversations_due_at_once_in_key_order_as_its_preview_
     assert due(storage, now, limit=2) == in_key_order[:2]
     assert claim_due(storage, "s", now, limit=2) == in_key_order[:2]
     assert claim_due(storage, "t", now, limit=1) == in_key_order[2:3]
+
+
+def test_w1_the_last_review_and_compaction_keep_their_outcome_and_a_bounded_reason(
+    storage: Store,
+) -> None:
+    """W1: each conversation keeps how its last review and compaction ended and why, on
+    both adapters; a reason is bounded to one short line, and recording one moves no
+    ``updated_at`` (the console's order)."""
+    say(storage, "hello")
+    with storage.read() as r:
+        before = r.conversation(KEY)
+    assert before is not None and before.review_outcome is None
+    assert before.compaction_outcome is None
+
+    storage.write(
+        lambda w: w.record_outcome(
+            KEY, work="review", outcome="failed", reason="model_error:\n  x " * 100, now=5
+        )
+    )
+    storage.write(
+        lambda w: w.record_outcome(
+            KEY, work="compaction", outcome="skipped", reason="no_model", now=6
+        )
+    )
+    with storage.read() as r:
+        after = r.conversation(KEY)
+    assert after is not None
+    assert (after.review_outcome, after.review_outcome_at) == ("failed", 5)
+    assert after.review_reason is not None and len(after.review_reason) == REASON_MAX_CHARS
+    assert "\n" not in after.review_reason and after.review_reason.startswith(
+        "model_error: x model_error: x"
+    )
+    assert (after.compaction_outcome, after.compaction_reason) == ("skipped", "no_model")
+    assert after.compaction_outcome_at == 6 and after.updated_at == before.updated_at
+
+
+def test_w1_an_outcome_of_unknown_work_is_refused_with_a_typed_error(storage: Store) -> None:
+    say(storage, "hello")
+    with pytest.raises(InvalidInputError, match="work must be one of"):
+        storage.write(
+            lambda w: w.record_outcome(KEY, work="dreaming", outcome="x", reason="", now=1)
+        )

@@ -1927,6 +1927,12 @@ export interface components {
             checkpoint_message_id: number | null;
             /** Compaction Failed At */
             compaction_failed_at: number | null;
+            /** Compaction Outcome */
+            compaction_outcome: string | null;
+            /** Compaction Outcome At */
+            compaction_outcome_at: number | null;
+            /** Compaction Reason */
+            compaction_reason: string | null;
             /** Created At */
             created_at: number;
             /** Last Reviewed At */
@@ -1943,6 +1949,12 @@ export interface components {
             review_claim_token: string | null;
             /** Review Failed At */
             review_failed_at: number | null;
+            /** Review Outcome */
+            review_outcome: string | null;
+            /** Review Outcome At */
+            review_outcome_at: number | null;
+            /** Review Reason */
+            review_reason: string | null;
             /** Thread Scope */
             thread_scope: string;
             /** Trust */

@@ -16,7 +16,6 @@ Values the pages show (rows, owner ids, file contents) go into the DOM as text
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import urllib.parse
 from importlib import resources
@@ -29,10 +28,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fermix import model, wire
 from fermix.api import Memory
-from fermix.config import Config
 from fermix.core import render
 from fermix.errors import ConfigError, InvalidInputError, NotFoundError
 from fermix.model import ApiToken, ConversationKey
+from fermix.runtime.live_config import LIVE_KEYS
 from fermix.server.http.errors import ApiError
 from fermix.server.http.sessions import (
     COOKIE,
@@ -83,10 +82,6 @@ SETUP_KEYS = (
     "fermix_core.retention.drop_unreviewed",
 )
 """The keys the setup page edits; the rest of config.toml stays the CLI's."""
-LIVE_KEYS = frozenset({"fermix_core.realtime.persist_transcripts"})
-"""What the running server applies as soon as it is written: only ``Memory`` reads it, on
-each transcript. The others are held by the runtime's services from their start (the
-reviewers, compactors, retention sweep, model route) and apply at the next restart."""
 _config_lock = threading.Lock()
 """One setup write at a time: each reads, edits and replaces the whole file."""
 
@@ -374,7 +369,9 @@ def setup(request: Request, token: Operator) -> dict[str, Any]:
 def change_setup(request: Request, body: SetupIn, token: Operator) -> dict[str, Any]:
     """Set (or, with an empty value, unset) one key in config.toml in place: checked as
     ``fermix config set`` checks it, comments and layout kept, replaced atomically, and
-    applied now where the running server can (:data:`LIVE_KEYS`). A refused value answers
+    applied now where the running server can
+    (:data:`~fermix.runtime.live_config.LIVE_KEYS`: the running reviewers, compactors,
+    retention sweep and model route take it from their next run). A refused value answers
     422 naming ``body.value`` and the file is not touched."""
     from fermix.cli.config_cmd import checked_value
     from fermix.cli.config_file import (
@@ -410,14 +407,8 @@ def change_setup(request: Request, body: SetupIn, token: Operator) -> dict[str, 
         except (ConfigError, InvalidInputError) as exc:
             raise ApiError(422, str(exc), field="body.value") from None
         write_document(path, document)
-        _apply_live(memory, loaded)
+        memory._reconfigure(loaded)  # the server's own Memory: the console is its operator's
     return _setup_state(memory)
-
-
-def _apply_live(memory: Memory, loaded: Config) -> None:
-    """Apply what the running server can (:data:`LIVE_KEYS`) from the config just written."""
-    if loaded.realtime != memory.config.realtime:
-        memory.config = dataclasses.replace(memory.config, realtime=loaded.realtime)
 
 
 # -- tokens (W1, N2) ----------------------------------------------------------------------

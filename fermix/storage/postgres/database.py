@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from fermix.errors import StorageError
 from fermix.storage.database import GroupCommitted, unknowing
+from fermix.storage.leaders import CommitObserver, CommitStats
 from fermix.storage.passwords import scrubbed
 from fermix.storage.port import Inspection, Purge, Writes
 from fermix.storage.postgres import health, purging
@@ -69,6 +70,7 @@ class PgDatabase(GroupCommitted):
         self._aside: PgCommitter | None = None
         """The committer of :meth:`write_aside`, on a connection of its own (made on first use)."""
         self._aside_lock = threading.Lock()
+        self._observer: CommitObserver | None = None
         self._readers: ConnectionPool[Conn] = ConnectionPool(
             url,
             min_size=1,
@@ -107,6 +109,7 @@ class PgDatabase(GroupCommitted):
         db._committer = None
         db._aside = None
         db._aside_lock = threading.Lock()
+        db._observer = None
         db._readers = ConnectionPool(
             url,
             min_size=1,
@@ -151,8 +154,25 @@ class PgDatabase(GroupCommitted):
             if self._aside is None:
                 url = self.url
                 self._aside = PgCommitter(lambda: connect(url), retry=self._retry, max_batch=1)
+                self._aside.observer = self._observer
             aside = self._aside
         return aside.run(unknowing(unit), label=label)
+
+    def observe(self, observer: CommitObserver) -> None:
+        """Tell ``observer`` of the retries and failures of the group commit and of the
+        aside committer (O1)."""
+        super().observe(observer)
+        with self._aside_lock:
+            self._observer = observer
+            if self._aside is not None:
+                self._aside.observer = observer
+
+    def commit_stats(self) -> CommitStats:
+        """What the group commit and the aside committer (the erasures' steps) did so far,
+        counted together, and the writes queued behind them (O1)."""
+        stats = super().commit_stats()
+        aside = self._aside
+        return stats if aside is None else stats.plus(aside.stats())
 
     def close(self) -> None:
         """Finish the queued writes (the aside committer's first), then close every

@@ -390,3 +390,13 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+
+-- migration 6: the outcome and reason of each conversation's last review and compaction
+-- SQLite's migration 11 (issue 24, W1): short codes, never message text nor a secret.
+ALTER TABLE conversations
+    ADD COLUMN review_outcome text,
+    ADD COLUMN review_reason text,
+    ADD COLUMN review_outcome_at bigint,
+    ADD COLUMN compaction_outcome text,
+    ADD COLUMN compaction_reason text,
+    ADD COLUMN compaction_outcome_at bigint;

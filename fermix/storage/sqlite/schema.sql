@@ -444,3 +444,14 @@ CREATE INDEX memories_source_message ON memories (source_message_id)
     WHERE source_message_id IS NOT NULL;
 INSERT INTO messages_fts (messages_fts, rank) VALUES ('secure-delete', 1);
 INSERT INTO memories_fts (memories_fts, rank) VALUES ('secure-delete', 1);
+
+-- migration 11: the outcome and reason of each conversation's last review and compaction
+-- (issue 24, W1): what the operator's console shows for a review or compaction that ran (or
+-- could not run for want of a model), never a routine gate's skip. A reason is a short code
+-- with the model and error class: never message text nor a secret (fermix/model.py).
+ALTER TABLE conversations ADD COLUMN review_outcome TEXT;
+ALTER TABLE conversations ADD COLUMN review_reason TEXT;
+ALTER TABLE conversations ADD COLUMN review_outcome_at INTEGER;
+ALTER TABLE conversations ADD COLUMN compaction_outcome TEXT;
+ALTER TABLE conversations ADD COLUMN compaction_reason TEXT;
+ALTER TABLE conversations ADD COLUMN compaction_outcome_at INTEGER;

@@ -91,7 +91,8 @@ function rowsTable(found, ctx, refresh) {
         " ",
         act(`Forget ${r.key}`, async () => {
           if (!window.confirm(`Erase row ${r.id} for good?`)) return;
-          await ctx.send("DELETE", `/v1/memories/${r.id}`);
+          const report = await ctx.send("DELETE", `/v1/memories/${r.id}`);
+          ctx.say(`Row ${r.id} forgotten (erasure ${report.erasure_id}: ${report.state}).`);
         }, undefined)),
     ]));
 }

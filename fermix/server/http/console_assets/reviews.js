@@ -7,6 +7,19 @@ function chat(c) {
   return `${c.channel} / ${c.chat_id}${c.thread_scope ? ` / ${c.thread_scope}` : ""} (${c.owner_id || "shared"})`;
 }
 
+// An outcome and when, or what the state says when none was kept yet.
+function outcome(value, at, otherwise) {
+  return value ? `${value} ${when(at)}` : otherwise;
+}
+
+// One failed conversation and why: the review's and the compaction's kept reasons.
+function failure(c) {
+  const why = [];
+  if (c.review_failed_at) why.push(`review: ${c.review_reason || "failed"}`);
+  if (c.compaction_failed_at) why.push(`compaction: ${c.compaction_reason || "failed"}`);
+  return `${chat(c)}: ${why.join("; ")}`;
+}
+
 export async function render(root, ctx) {
   const r = await ctx.get("/console/api/reviews", { agent_id: ctx.agent });
   const { jobs } = await ctx.get(`/v1/agents/${seg(ctx.agent)}/jobs`);
@@ -18,12 +31,15 @@ export async function render(root, ctx) {
       : `Reviews every ${r.review_interval_hours} h.`),
     el("section", {},
       el("h3", {}, "Recent reviews and compactions"),
-      table("conversations, latest review first", ["chat", "last review", "outcome", "compaction"],
+      table("conversations, latest review first",
+        ["chat", "last review", "review outcome", "review reason", "compaction", "compaction reason"],
         r.conversations.map((c) => [
           chat(c), when(c.last_reviewed_at),
-          c.review_failed_at ? `failed ${when(c.review_failed_at)}` : c.last_reviewed_at ? "reviewed" : "not yet",
-          c.compaction_failed_at ? `failed ${when(c.compaction_failed_at)}`
-            : c.checkpoint_message_id ? `checkpoint at message ${c.checkpoint_message_id}` : "none",
+          outcome(c.review_outcome, c.review_outcome_at, c.last_reviewed_at ? "reviewed" : "not yet"),
+          c.review_reason || "",
+          outcome(c.compaction_outcome, c.compaction_outcome_at,
+            c.checkpoint_message_id ? `checkpoint at message ${c.checkpoint_message_id}` : "none"),
+          c.compaction_reason || "",
         ]))),
     el("section", {},
       el("h3", {}, "Due now"),
@@ -32,7 +48,7 @@ export async function render(root, ctx) {
     el("section", {},
       el("h3", {}, "Failed"),
       r.failed.length === 0 ? el("p", { class: "muted" }, "No failures.")
-        : el("ul", { class: "plain" }, r.failed.map((c) => el("li", {}, chat(c)))),
+        : el("ul", { class: "plain" }, r.failed.map((c) => el("li", {}, failure(c)))),
       el("h4", {}, "The server's last errors (why)"),
       r.last_errors.length === 0 ? el("p", { class: "muted" }, "None.")
         : el("ul", { class: "plain" }, r.last_errors.map((e) =>

@@ -1,5 +1,5 @@
-// Status: the server's status document, polled; rates and queues charted over the last
-// minutes on a canvas (no inline style: CSP), as text too for a screen reader (W1, N7).
+// Status: the server's status document, polled; rates, latency and queues charted over the
+// last minutes on a canvas (no inline style: CSP), as text too for a screen reader (W1, N7).
 
 import { button, el, fill, table } from "./dom.js";
 
@@ -46,6 +46,8 @@ function flatten(doc, prefix = "") {
 export async function render(root, ctx) {
   const now = el("div", { id: "status-now" });
   const rates = el("canvas", { id: "rates", role: "img", "aria-label": "Requests and appends per second" });
+  const latency = el("canvas", { id: "latency", role: "img",
+    "aria-label": "Append and compose latency in milliseconds, median and 99th percentile" });
   const queues = el("canvas", { id: "queues", role: "img", "aria-label": "Reviews and compactions queued" });
   const checks = el("div", { id: "doctor" });
   const runChecks = button("Run doctor's checks", () => ctx.attempt(async () => {
@@ -58,6 +60,8 @@ export async function render(root, ctx) {
   }));
   fill(root, el("h2", {}, "Status"),
     el("h3", {}, "Requests and appends per second (blue, green)"), rates,
+    el("h3", {}, "Latency over the last minute, ms: append p50, p99 (blue, green), compose p50, p99 (red, purple)"),
+    latency,
     el("h3", {}, "Reviews and compactions running and queued"), queues, now,
     el("section", {}, el("h3", {}, "Doctor"), runChecks, checks));
   let stopped = false;
@@ -67,7 +71,10 @@ export async function render(root, ctx) {
     while (history.length > KEEP) history.shift();
     const per = (name) => history.map((d) => (d.per_second || {})[name] || 0);
     const num = (name) => history.map((d) => d[name] || 0);
+    const ms = (name, q) => history.map((d) => ((d.latency || {})[name] || {})[q] || 0);
     draw(rates, [["requests", per("requests")], ["appends", per("appends")]]);
+    draw(latency, [["append p50", ms("append", "p50_ms")], ["append p99", ms("append", "p99_ms")],
+                   ["compose p50", ms("compose", "p50_ms")], ["compose p99", ms("compose", "p99_ms")]]);
     draw(queues, [["reviews_queued", num("reviews_queued")], ["compactions_queued", num("compactions_queued")],
                   ["reviews_running", num("reviews_running")], ["compactions_running", num("compactions_running")]]);
     fill(now,
