@@ -744,7 +744,6 @@ def test_i2_sdk_a_limit_cutting_a_tool_pair_drops_the_unmatched_output(
 # -- the docs' host runs as written (I6) -----------------------------------------------------
 
 
-
 def doc_host(heading: str) -> str:
     """The one ```python block of a section of docs/integrations.md."""
     blocks = re.findall(r"```python\n(.*?)```", section(heading), re.DOTALL)

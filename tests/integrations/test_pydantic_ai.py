@@ -312,7 +312,6 @@ def test_i4_a_batch_fermix_would_refuse_is_refused_whole_and_nothing_is_stored(
 # -- the docs' host runs as written (I6) -----------------------------------------------------
 
 
-
 @pytest.mark.slow  # a fresh python importing pydantic-ai and litellm
 def test_i4_the_docs_host_runs_as_written_with_a_memory_tool_call(
     model_server: ModelServer, home: Path
