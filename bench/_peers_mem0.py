@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "part": "versions",
             **{
                 name: importlib.metadata.version(name)
-                for name in ("mem0ai", "qdrant-client", "langchain-core", "openai")
+                for name in ("mem0ai", "qdrant-client", "langchain", "langchain-core", "openai")
             },
             "ks": list(KS),
         }

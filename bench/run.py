@@ -56,6 +56,7 @@ HELPER_REASON = "a helper module the scripts import (its name starts with `_`), 
 QUICK_TIMEOUT_S = 600.0
 FULL_TIMEOUT_S = 3600.0
 STDERR_TAIL_LINES = 25
+MEM0_NULL = "mem0's venv could not be made: `mem0_error` in its JSON says why"
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
@@ -712,6 +713,7 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_searchable_turns_s",
                 "mem0_fastest_turns_s",
                 "mem0 infer=False, its faster variant's add rate (searchable on return)",
+                if_null=MEM0_NULL,
                 ratio="ingest_ratio_vs_mem0",
                 target=Target(">=", 10.0, on_ratio=True, source="issue 25"),
             ),
@@ -720,6 +722,7 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_r10",
                 "mem0_best_r10",
                 "mem0 infer=False, its better variant",
+                if_null=MEM0_NULL,
                 target=Target(">=", 30, plus="mem0_best_r10", source="issue 25"),
             ),
             Figure(
@@ -727,6 +730,7 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_search_p99_ms",
                 "mem0_best_search_p99_ms",
                 "mem0, its better variant",
+                if_null=MEM0_NULL,
                 ratio="search_p99_ratio_vs_mem0",
                 target=Target("<=", 0.3, on_ratio=True, source="issue 25"),
             ),
@@ -735,6 +739,7 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_prompt_tokens_per_1k",
                 "mem0_infer_prompt_tokens_per_1k",
                 "mem0 infer=True",
+                if_null=MEM0_NULL,
                 ratio="model_tokens_ratio_vs_mem0",
                 target=Target("<=", 0.1, on_ratio=True, source="issue 25"),
             ),
@@ -743,15 +748,29 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_model_calls_per_1k",
                 "mem0_infer_model_calls_per_1k",
                 "mem0 infer=True",
+                if_null=MEM0_NULL,
             ),
-            Figure("turn R@5 (%)", "fermix_r5", "mem0_best_r5", "mem0, its better variant"),
-            Figure("turn R@20 (%)", "fermix_r20", "mem0_best_r20", "mem0, its better variant"),
+            Figure(
+                "turn R@5 (%)",
+                "fermix_r5",
+                "mem0_best_r5",
+                "mem0, its better variant",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "turn R@20 (%)",
+                "fermix_r20",
+                "mem0_best_r20",
+                "mem0, its better variant",
+                if_null=MEM0_NULL,
+            ),
             *(
                 Figure(
                     f"turn R@10 (%), category {c} ({name})",
                     f"fermix_r10_cat{c}",
                     f"mem0_best_r10_cat{c}",
                     "mem0, its better variant",
+                    if_null=MEM0_NULL,
                 )
                 for c, name in (
                     (1, "multi-hop"),
@@ -765,18 +784,21 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_wallclock_r10",
                 "mem0_best_r10",
                 "mem0, its better variant",
+                if_null=MEM0_NULL,
             ),
             Figure(
                 "search p50 (ms)",
                 "fermix_search_p50_ms",
                 "mem0_best_search_p50_ms",
                 "mem0, its better variant",
+                if_null=MEM0_NULL,
             ),
             Figure(
                 "appends/adds per second",
                 "fermix_turns_s",
                 "mem0_fastest_turns_s",
                 "mem0 infer=False, its faster variant",
+                if_null=MEM0_NULL,
             ),
             Figure(
                 "appends per second vs LangChain",
@@ -790,12 +812,14 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_add_p50_ms",
                 "mem0_best_add_p50_ms",
                 "mem0 add, same variant",
+                if_null=MEM0_NULL,
             ),
             Figure(
                 "append p99 (ms)",
                 "fermix_add_p99_ms",
                 "mem0_best_add_p99_ms",
                 "mem0 add, same variant",
+                if_null=MEM0_NULL,
             ),
             Figure(
                 "append p99 (ms) vs LangChain",
@@ -809,6 +833,7 @@ FIGURES: dict[str, Benchmark] = {
                 "fermix_bytes_per_turn",
                 "mem0_best_bytes_per_turn",
                 "mem0, Qdrant local + its history",
+                if_null=MEM0_NULL,
             ),
             Figure(
                 "bytes on disk per turn vs LangChain",
