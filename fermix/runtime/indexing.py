@@ -286,14 +286,27 @@ class Indexer:
         if not self.embedder.counts_tokens:
             vectors = self.embedder.embed(texts)
         else:
-            for scope in dict.fromkeys(p.scope for p in pending):
-                rows = [i for i, p in enumerate(pending) if p.scope == scope]
-                counts = self.counts(reads, [scope], (t for i in rows for t in tokens[i]))
-                for i in rows:  # the batch's own rows count too
-                    counts.add(tokens[i])
-                vectors[rows] = self.embedder.embed(
-                    [texts[i] for i in rows], tokens=[tokens[i] for i in rows], counts=counts
+            scopes = {
+                scope: self.counts(
+                    reads,
+                    [scope],
+                    (t for i, p in enumerate(pending) if p.scope == scope for t in tokens[i]),
                 )
+                for scope in dict.fromkeys(p.scope for p in pending)
+            }
+            # Counted and embedded in parts of batch_size rows, as batches of batch_size would
+            # be: a larger batch (next_batch) gives each row the vector it would have had.
+            for start in range(0, len(pending), self.batch_size):
+                part = range(start, min(start + self.batch_size, len(pending)))
+                for scope, counts in scopes.items():
+                    rows = [i for i in part if pending[i].scope == scope]
+                    if not rows:
+                        continue
+                    for i in rows:  # the part's own rows count too
+                        counts.add(tokens[i])
+                    vectors[rows] = self.embedder.embed(
+                        [texts[i] for i in rows], tokens=[tokens[i] for i in rows], counts=counts
+                    )
         blobs = to_int8(vectors)
         return [
             StoredVector(p.id, p.scope, to_blob(blobs[i]), tokens[i]) for i, p in enumerate(pending)

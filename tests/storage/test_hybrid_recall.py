@@ -139,10 +139,10 @@ def test_q2_a_backlog_drains_in_growing_batches_and_an_append_brings_back_the_fi
     _append(writer, [f"{text} ({n})" for n in range(12) for text in FILLER])  # 96 rows
     embedder = WordLlamaEmbedder()
     indexer = indexing.Indexer(db, writer, embedder, batch_size=4, max_batch_size=16)
-    batches, embed = itertools.count(1), embedder.embed
+    calls, embed = itertools.count(1), embedder.embed
 
     def embed_with_an_append_during_the_third(*args: Any, **kwargs: Any) -> Vectors:
-        if next(batches) == 3:
+        if next(calls) == 4:  # the first 4 rows of the third batch (one call per 4 rows)
             indexer.wake()  # what an append does
         return embed(*args, **kwargs)
 
@@ -152,6 +152,29 @@ def test_q2_a_backlog_drains_in_growing_batches_and_an_append_brings_back_the_fi
     # doubling while full, reset by the append during the third batch, capped at 16
     assert sizes == [4, 8, 16, 4, 8, 16, 16, 16, 8]
     assert _coverage(db) == (96, 96)
+
+
+def test_q2_a_row_gets_the_same_vector_whatever_size_its_batch_grew_to(tmp_path: Path) -> None:
+    texts = [f"{text} ({n})" for n in range(12) for text in FILLER]
+    stored: list[list[tuple[int, bytes]]] = []
+    for ceiling in (4, 64):  # batches of 4 always, or growing to 64
+        home = Home(tmp_path / str(ceiling))
+        db = Database(home.db_path)
+        try:
+            writer = Writer(db, PromptFiles(home, db))
+            _append(writer, texts[:40], key=KEY)
+            _append(writer, texts[40:], key=ConversationKey("agent", "tg", "2"))
+            indexer = indexing.Indexer(
+                db, writer, WordLlamaEmbedder(), batch_size=4, max_batch_size=ceiling
+            )
+            assert indexer.catch_up() == len(texts)
+        finally:
+            db.close()
+        conn = open_database(home.db_path)
+        sql = "SELECT message_id, vector FROM message_vectors ORDER BY message_id"
+        stored.append([(int(r[0]), bytes(r[1])) for r in conn.execute(sql)])
+        conn.close()
+    assert stored[0] == stored[1]
 
 
 def test_q2_a_row_without_a_vector_is_found_lexically(store: tuple[Database, Writer]) -> None:
