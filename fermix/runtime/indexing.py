@@ -53,8 +53,11 @@ from fermix.storage.port import PendingText, StoredVector
 
 log = logging.getLogger(__name__)
 
-BATCH_GROWTH = 8
-"""``max_batch_size`` by default: this many times ``batch_size``."""
+BATCH_GROWTH = 4
+"""``max_batch_size`` by default: this many times ``batch_size``. A grown batch drains a
+backlog with fewer writes (2,760 LoCoMo turns: 128 rows a batch took 0.28 s, 32 took 0.31 s,
+256 no less than 128), and an append that comes during one waits for its write: 4x keeps
+that write short."""
 
 Progress = Callable[[int], None]
 """Told how many rows a batch embedded (``fermix index rebuild``'s progress bar)."""
