@@ -7,9 +7,10 @@ bench/backends.py's (:func:`_backends_pg.durable_server`: the test suite's Postg
 durable). The conversations SQLite was measured on are stored in a fresh
 :class:`~fermix.storage.postgres.PgDatabase` as they were there (:func:`_recall_data.seed`),
 embedded by the same code with the same default model (the background embedder's
-``catch_up``, batches of 32, through a writer on that database, each conversation's
-vectors SIF-pooled by that database's token counts), and every question is asked with the
-same search and parameters (bench/recall.py passes its ``hybrid()``).
+``catch_up``, batches growing from 32 rows, counted in parts of 32, through a writer on that
+database, each conversation's vectors SIF-pooled by that database's token counts), and every
+question is asked with the same search and parameters (bench/recall.py passes its
+``hybrid()``).
 
 Then both stores are read side by side (the SQLite file the hybrid was measured on, opened
 again), so that a difference in recall shows at which stage it arises:

@@ -7,8 +7,9 @@ Usage: ``python bench/recall.py [--data PATH] [--quick] [--scale N]``
 conversation only) is stored as a message through the storage port, one conversation key
 per sample, with its speaker as ``sender`` and its session's date as ``created_at``. The
 vectors are then computed as a host computes them, by the background embedder's code
-(:class:`fermix.runtime.indexing.Indexer`, ``catch_up``, batches of 32) with the offline
-default model (wordllama, SIF-pooled by each conversation's token counts, int8). Each
+(:class:`fermix.runtime.indexing.Indexer`, ``catch_up``, batches growing from 32 rows,
+counted in parts of 32) with the offline default model (wordllama, SIF-pooled by each
+conversation's token counts, int8). Each
 question of categories 1-4 is searched as ``memory_recall`` searches a conversation's
 history, limit 20; turn recall@k is the share of the question's evidence turns in the top
 k, averaged over questions.
@@ -417,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print(
         f"embedding ({run.model}): model loaded and recorded in {run.load_s:.2f} s;"
         f" {run.embedded} turns in {run.embed_s:.2f} s"
-        f" ({run.embedded / max(run.embed_s, 1e-9):,.0f}/s, batches of 32, through the writer)",
+        f" ({run.embedded / max(run.embed_s, 1e-9):,.0f}/s, batches of 32 up, via the writer)",
         highlight=False,
     )
     scale_messages = args.scale

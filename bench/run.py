@@ -56,6 +56,7 @@ HELPER_REASON = "a helper module the scripts import (its name starts with `_`), 
 QUICK_TIMEOUT_S = 600.0
 FULL_TIMEOUT_S = 3600.0
 STDERR_TAIL_LINES = 25
+MEM0_NULL = "mem0's venv could not be made: `mem0_error` in its JSON says why"
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
@@ -124,7 +125,8 @@ class Benchmark:
 
 # Every figure the report shows and every target, in one place. Targets come from the
 # issues: recall from 2 and 14, append from 3, prompt from 4, review from 5, compact from 6, the
-# CLI's start from 2 (item 7) and 25, the server from 13, search at scale from 14, backends from 15.
+# CLI's start from 2 (item 7) and 25, the server from 13, search at scale from 14, backends from 15,
+# the peers (mem0, LangChain) from 25.
 FIGURES: dict[str, Benchmark] = {
     "recall": Benchmark(
         "turn-level recall of history search on LoCoMo: hybrid (shipped) vs full-text",
@@ -722,6 +724,147 @@ FIGURES: dict[str, Benchmark] = {
             ),
         ),
         "40 turns of each system instead of 400",
+    ),
+    "peers": Benchmark(
+        "fermix beside mem0 OSS and LangChain's SQLChatMessageHistory on LoCoMo (same data,"
+        " same embedder, models on loopback)",
+        (
+            Figure(
+                "turns/s until searchable (every vector stored)",
+                "fermix_searchable_turns_s",
+                "mem0_fastest_turns_s",
+                "mem0 infer=False, its faster variant's add rate (searchable on return)",
+                if_null=MEM0_NULL,
+                ratio="ingest_ratio_vs_mem0",
+                target=Target(">=", 10.0, on_ratio=True, source="issue 25"),
+            ),
+            Figure(
+                "turn R@10 (%)",
+                "fermix_r10",
+                "mem0_best_r10",
+                "mem0 infer=False, its better variant",
+                if_null=MEM0_NULL,
+                target=Target(">=", 30, plus="mem0_best_r10", source="issue 25"),
+            ),
+            Figure(
+                "search p99 (ms)",
+                "fermix_search_p99_ms",
+                "mem0_best_search_p99_ms",
+                "mem0, its better variant",
+                if_null=MEM0_NULL,
+                ratio="search_p99_ratio_vs_mem0",
+                target=Target("<=", 0.3, on_ratio=True, source="issue 25"),
+            ),
+            Figure(
+                "model prompt tokens per 1,000 user messages",
+                "fermix_prompt_tokens_per_1k",
+                "mem0_infer_prompt_tokens_per_1k",
+                "mem0 infer=True",
+                if_null=MEM0_NULL,
+                ratio="model_tokens_ratio_vs_mem0",
+                target=Target("<=", 0.1, on_ratio=True, source="issue 25"),
+            ),
+            Figure(
+                "model calls per 1,000 user messages",
+                "fermix_model_calls_per_1k",
+                "mem0_infer_model_calls_per_1k",
+                "mem0 infer=True",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "turn R@5 (%)",
+                "fermix_r5",
+                "mem0_best_r5",
+                "mem0, its better variant",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "turn R@20 (%)",
+                "fermix_r20",
+                "mem0_best_r20",
+                "mem0, its better variant",
+                if_null=MEM0_NULL,
+            ),
+            *(
+                Figure(
+                    f"turn R@10 (%), category {c} ({name})",
+                    f"fermix_r10_cat{c}",
+                    f"mem0_best_r10_cat{c}",
+                    "mem0, its better variant",
+                    if_null=MEM0_NULL,
+                )
+                for c, name in (
+                    (1, "multi-hop"),
+                    (2, "temporal"),
+                    (3, "open-domain"),
+                    (4, "single-hop"),
+                )
+            ),
+            Figure(
+                "turn R@10 (%), turns stored at wall-clock times",
+                "fermix_wallclock_r10",
+                "mem0_best_r10",
+                "mem0, its better variant",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "search p50 (ms)",
+                "fermix_search_p50_ms",
+                "mem0_best_search_p50_ms",
+                "mem0, its better variant",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "appends/adds per second",
+                "fermix_turns_s",
+                "mem0_fastest_turns_s",
+                "mem0 infer=False, its faster variant",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "appends per second vs LangChain",
+                "fermix_turns_s",
+                "langchain_turns_s",
+                "SQLChatMessageHistory",
+                if_null="LangChain not installed: `pip install -e '.[bench]'`",
+            ),
+            Figure(
+                "append p50 (ms)",
+                "fermix_add_p50_ms",
+                "mem0_best_add_p50_ms",
+                "mem0 add, same variant",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "append p99 (ms)",
+                "fermix_add_p99_ms",
+                "mem0_best_add_p99_ms",
+                "mem0 add, same variant",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "append p99 (ms) vs LangChain",
+                "fermix_add_p99_ms",
+                "langchain_add_p99_ms",
+                "SQLChatMessageHistory",
+                if_null="LangChain not installed: `pip install -e '.[bench]'`",
+            ),
+            Figure(
+                "bytes on disk per turn",
+                "fermix_bytes_per_turn",
+                "mem0_best_bytes_per_turn",
+                "mem0, Qdrant local + its history",
+                if_null=MEM0_NULL,
+            ),
+            Figure(
+                "bytes on disk per turn vs LangChain",
+                "fermix_bytes_per_turn",
+                "langchain_bytes_per_turn",
+                "SQLChatMessageHistory (no search)",
+                if_null="LangChain not installed: `pip install -e '.[bench]'`",
+            ),
+        ),
+        "the first LoCoMo conversation (419 turns) instead of all five (2,760)",
     ),
     "doctor": Benchmark(
         "`fermix doctor` on a large home (no same-work baseline: its per-check times are in"

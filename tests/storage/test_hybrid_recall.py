@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,6 +121,60 @@ def test_q2_vectors_appear_behind_appends_without_blocking_them(
         assert _coverage(db) == (len(FILLER), len(FILLER))
     finally:
         indexer.stop()
+
+
+def test_q2_the_next_batch_doubles_while_full_and_undisturbed_and_falls_back_otherwise() -> None:
+    assert indexing.next_batch(32, 32, 256, full=True, appended=False) == 64
+    assert indexing.next_batch(128, 32, 256, full=True, appended=False) == 256
+    assert indexing.next_batch(256, 32, 256, full=True, appended=False) == 256
+    assert indexing.next_batch(128, 32, 256, full=True, appended=True) == 32
+    assert indexing.next_batch(128, 32, 256, full=False, appended=False) == 32
+    assert indexing.next_batch(32, 32, 8, full=True, appended=False) == 32  # never below base
+
+
+def test_q2_a_backlog_drains_in_growing_batches_and_an_append_brings_back_the_first_size(
+    store: tuple[Database, Writer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, writer = store
+    _append(writer, [f"{text} ({n})" for n in range(12) for text in FILLER])  # 96 rows
+    embedder = WordLlamaEmbedder()
+    indexer = indexing.Indexer(db, writer, embedder, batch_size=4, max_batch_size=16)
+    calls, embed = itertools.count(1), embedder.embed
+
+    def embed_with_an_append_during_the_third(*args: Any, **kwargs: Any) -> Vectors:
+        if next(calls) == 4:  # the first 4 rows of the third batch (one call per 4 rows)
+            indexer.wake()  # what an append does
+        return embed(*args, **kwargs)
+
+    monkeypatch.setattr(embedder, "embed", embed_with_an_append_during_the_third)
+    sizes: list[int] = []
+    assert indexer.catch_up(sizes.append) == 96
+    # doubling while full, reset by the append during the third batch, capped at 16
+    assert sizes == [4, 8, 16, 4, 8, 16, 16, 16, 8]
+    assert _coverage(db) == (96, 96)
+
+
+def test_q2_a_row_gets_the_same_vector_whatever_size_its_batch_grew_to(tmp_path: Path) -> None:
+    texts = [f"{text} ({n})" for n in range(12) for text in FILLER]
+    stored: list[list[tuple[int, bytes]]] = []
+    for ceiling in (4, 64):  # batches of 4 always, or growing to 64
+        home = Home(tmp_path / str(ceiling))
+        db = Database(home.db_path)
+        try:
+            writer = Writer(db, PromptFiles(home, db))
+            _append(writer, texts[:40], key=KEY)
+            _append(writer, texts[40:], key=ConversationKey("agent", "tg", "2"))
+            indexer = indexing.Indexer(
+                db, writer, WordLlamaEmbedder(), batch_size=4, max_batch_size=ceiling
+            )
+            assert indexer.catch_up() == len(texts)
+        finally:
+            db.close()
+        conn = open_database(home.db_path)
+        sql = "SELECT message_id, vector FROM message_vectors ORDER BY message_id"
+        stored.append([(int(r[0]), bytes(r[1])) for r in conn.execute(sql)])
+        conn.close()
+    assert stored[0] == stored[1]
 
 
 def test_q2_a_row_without_a_vector_is_found_lexically(store: tuple[Database, Writer]) -> None:
