@@ -110,21 +110,49 @@ def normalised(scores: Floats, present: NDArray[np.bool_]) -> Floats:
     return out
 
 
-def context_vectors(
+def context_cosines(
+    query: NDArray[np.float32],
     vectors: NDArray[np.float32],
     same_prev: NDArray[np.bool_],
     same_next: NDArray[np.bool_],
     weight: float,
-) -> NDArray[np.float32]:
-    """Each vector plus ``weight`` x its same-session neighbours', normalised again."""
-    if weight == 0 or len(vectors) == 0:
-        return vectors
-    zero = np.zeros((1, vectors.shape[1]), dtype=np.float32)
-    prev = np.where(same_prev[:, None], np.r_[zero, vectors[:-1]], 0.0)
-    nxt = np.where(same_next[:, None], np.r_[vectors[1:], zero], 0.0)
-    mixed = vectors + weight * (prev + nxt)
-    norms = np.linalg.norm(mixed, axis=1, keepdims=True)
-    result: NDArray[np.float32] = (mixed / np.maximum(norms, 1e-9)).astype(np.float32)
+) -> Floats:
+    """The cosine to the unit ``query`` of each vector plus ``weight`` x its same-session
+    neighbours' (step 1 of the module's doc), without making the mixed vectors.
+
+    For row ``i`` with vector ``v``, its neighbours ``p`` and ``n`` (zero when not in its
+    session) and ``m = v + weight (p + n)``: ``m . q`` is the rows' products with the
+    query mixed the same way, and ``|m|^2`` follows from each row's squared norm and its
+    products with the next row and the one after. Three row-wise products and one product
+    with the query replace a copy of the scope's vectors per step (Q4: the cost of a
+    search is a few passes over its scope's vectors)."""
+    n = len(vectors)
+    if weight == 0 or n == 0:
+        return cosines(query, vectors)
+    dots = cosines(query, vectors)
+    squares = _row_products(vectors, vectors)
+    nexts = _row_products(vectors[1:], vectors[:-1])  # row i + 1 with row i
+    skips = _row_products(vectors[2:], vectors[:-2])  # row i + 2 with row i
+    p, nx = same_prev.astype(np.float64), same_next.astype(np.float64)
+    w = float(weight)
+
+    def before(values: Floats) -> Floats:
+        shifted: Floats = np.r_[0.0, values[:-1]]
+        return shifted
+
+    def after(values: Floats) -> Floats:
+        shifted: Floats = np.r_[values[1:], 0.0]
+        return shifted
+
+    product = dots + w * (p * before(dots) + nx * after(dots))
+    both = p * nx * np.r_[0.0, skips, 0.0] if n > 1 else np.zeros(n)
+    square = (
+        squares
+        + w * w * (p * before(squares) + nx * after(squares))
+        + 2 * w * (p * np.r_[0.0, nexts] + nx * np.r_[nexts, 0.0])
+        + 2 * w * w * both
+    )
+    result: Floats = product / np.maximum(np.sqrt(np.maximum(square, 0.0)), 1e-9)
     return result
 
 
@@ -170,8 +198,7 @@ def fuse_history(
     kept = np.zeros(n, dtype=bool)
     kept[np.fromiter(lexical.keys(), np.int64, len(lexical))] = True
     if query is not None and history.present.any():
-        mixed = context_vectors(history.vectors, same_prev, same_next, weights.context)
-        cosine = cosines(query, mixed)
+        cosine = context_cosines(query, history.vectors, same_prev, same_next, weights.context)
         fused = fused + (1 - weights.alpha) * normalised(cosine, history.present)
         kept |= history.present & (cosine >= (min_cosine if min_cosine is not None else -2.0))
     named = named_senders(question, history.senders)
@@ -224,6 +251,16 @@ def fuse_rows(
 
 
 def cosines(query: NDArray[np.float32], vectors: NDArray[np.float32]) -> Floats:
-    """The cosine of each row of ``vectors`` (unit or zero) to the unit ``query``."""
-    result: Floats = (vectors @ query.astype(np.float32)).astype(np.float64)
+    """The cosine of each row of ``vectors`` (unit or zero) to the unit ``query``.
+
+    By :func:`numpy.einsum`, on the calling thread: a matrix product may hand a scope's
+    few thousand rows to BLAS threads, whose start and spin-wait cost more than the
+    product on a busy machine (bench/recall.py's p99)."""
+    result: Floats = np.einsum("ij,j->i", vectors, query.astype(np.float32)).astype(np.float64)
+    return result
+
+
+def _row_products(a: NDArray[np.float32], b: NDArray[np.float32]) -> Floats:
+    """The dot product of each row of ``a`` with the same row of ``b``."""
+    result: Floats = np.einsum("ij,ij->i", a, b).astype(np.float64)
     return result

@@ -197,9 +197,16 @@ def search_history(
     indexer = indexing.active(reads)
     if indexer is None or limit <= 0:
         return reads.search_messages(text, **scope, limit=limit)
-    # The best `limit` full-text hits whole, the ids and ranks of all the candidates.
-    lexical = reads.search_messages(text, **scope, limit=limit, ranked=max(CANDIDATES, limit))
     rows = reads.scope_vectors(**scope, limit=max_rows)
+    # The best `limit` full-text hits whole, the ids and ranks of all the candidates; the
+    # scope read whole above is not counted again for the ranking's statistics.
+    lexical = reads.search_messages(
+        text,
+        **scope,
+        limit=limit,
+        ranked=max(CANDIDATES, limit),
+        scope_rows=None if rows is None else len(rows),
+    )
     query = None
     if rows is None:
         # Too large to read whole: the words weighted by this conversation's counts alone

@@ -298,6 +298,7 @@ class Reads(Protocol):
         owner_id: str | None = None,
         limit: int = 10,
         ranked: int = 0,
+        scope_rows: int | None = None,
     ) -> SearchHits:
         """Messages matching any text, best first; filters narrow to an agent, owner or key.
 
@@ -315,7 +316,11 @@ class Reads(Protocol):
 
         The best ``limit`` are returned whole; with ``ranked``, the ids and ranks of the best
         ``ranked`` too (:class:`SearchHits`), the same as the hits of a search with that
-        limit, without reading their rows."""
+        limit, without reading their rows.
+
+        ``scope_rows``, when the caller has just read the whole scope (a hybrid search, from
+        :meth:`scope_vectors`), is how many messages it holds: the ranking's statistics take
+        it instead of counting the scope again (Q4)."""
         ...
 
     def row(self, memory_id: int) -> MemoryRow | None:

@@ -246,7 +246,7 @@ def test_t2_rank_tokenizes_each_candidate_as_the_table_does(
     corpus: apsw.Connection, documents: list[str]
 ) -> None:
     tokenize = fts.tokenizer(corpus)
-    expected = [tokenize(doc.replace("\ue000", " ")) for doc in documents]
+    expected = [tuple(tokenize(doc.replace("\ue000", " "))) for doc in documents]
     assert fts._tokenize_each(documents, tokenize) == expected
 
 

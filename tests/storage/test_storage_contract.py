@@ -447,6 +447,23 @@ def test_search_results_are_equal_on_both_adapters(both: tuple[Store, Store]) ->
     assert _hits(pg, "tea", {"key": KEY}, limit=0) == []
 
 
+def test_q4_a_search_told_its_scope_size_ranks_as_one_that_counts_it(storage: Store) -> None:
+    """Q4: a hybrid search has just read its whole scope and passes its size; the ranking's
+    statistics are the same as when the search counts the scope itself."""
+    _load(storage, _corpus(seed=21, size=300))
+    compared = 0
+    with storage.read() as r:
+        for query, scope in itertools.product(_QUERIES, _scopes()[:4]):
+            rows = r.scope_vectors(**scope)
+            assert rows is not None
+            counted = r.search_messages(query, limit=5, ranked=40, **scope)
+            told = r.search_messages(query, limit=5, ranked=40, scope_rows=len(rows), **scope)
+            assert told == counted, (query, scope)
+            assert (told.ids, told.ranks) == (counted.ids, counted.ranks)
+            compared += bool(counted)
+    assert compared > 10
+
+
 def test_search_ids_are_those_of_the_same_rows(both: tuple[Store, Store]) -> None:
     """Appended in the same order to empty stores, the rows have the same ids on both."""
     sqlite, pg = both

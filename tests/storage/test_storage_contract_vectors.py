@@ -10,6 +10,7 @@ where the extension cannot be created.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import threading
@@ -27,7 +28,7 @@ from storage_fixtures import Backend, Store
 
 from fermix.model import ConversationKey, Message, NewMessage, Scope
 from fermix.storage.port import PendingText, StoredVector, conversation_scope, memory_scope
-from fermix.storage.vectors import TOTAL
+from fermix.storage.vectors import TOTAL, scope_rows
 
 KEY = ConversationKey("agent", "telegram", "123")
 OTHER = ConversationKey("agent", "telegram", "456", "thread-1")
@@ -306,6 +307,34 @@ def test_q4_scope_vectors_read_a_conversation_or_an_owner_and_nothing_wider(
         assert r.scope_vectors(agent_id="agent") is None
         assert r.scope_vectors() is None
         assert r.scope_vectors(key=ConversationKey("agent", "none", "0")) is not None
+
+
+def test_q4_a_scope_is_read_into_columns_without_a_tracked_object_per_row() -> None:
+    """Q4: an owner's thousands of rows become a few columns with no object the garbage
+    collector tracks per row (an iterator per row was promoted to its oldest generation
+    when a collection came mid-way, and full collections followed every few dozen
+    searches). With a low threshold, a young collection comes every 50 such objects."""
+    rows = [
+        (i, "agent", "tg", f"c{i // 500}", "", "Mel", 1_000 + i, bytes(8)) for i in range(5_000)
+    ]
+    collections = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(count)
+    gc.set_threshold(50, 10, 10)
+    try:
+        found = scope_rows(rows)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(count)
+    assert list(found.ids) == list(range(5_000)) and list(found.starts) == list(
+        range(0, 5_000, 500)
+    )
+    assert len(collections) <= 5  # not one per 50 rows
 
 
 def test_q2_sqlite_has_no_approximate_search_and_postgres_has_one(backend: Backend) -> None:

@@ -168,6 +168,7 @@ def search(
     owner_id: str | None = None,
     limit: int = 10,
     ranked: int = 0,
+    scope_rows: int | None = None,
 ) -> SearchHits:
     """Messages matching any text, best first (:meth:`fermix.storage.port.Reads.search_messages`).
 
@@ -204,7 +205,7 @@ def search(
         PgSql(conn),
         text,
         found,
-        scope_rows=scope.count(conn) if small is None else small,
+        scope_rows=scope_rows if scope_rows is not None else small or scope.count(conn),
         tokenize=stems.tokenizer(),
         limit=limit,
         ranked=ranked,

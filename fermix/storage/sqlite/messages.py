@@ -112,6 +112,7 @@ def search(
     owner_id: str | None = None,
     limit: int = 10,
     ranked: int = 0,
+    scope_rows: int | None = None,
 ) -> SearchHits:
     """Messages matching any text, best first (:meth:`fermix.storage.port.Reads.search_messages`).
 
@@ -148,7 +149,7 @@ def search(
         SqliteSql(conn),
         text,
         found,
-        scope_rows=scope.count(conn),
+        scope_rows=scope.count(conn) if scope_rows is None else scope_rows,
         tokenize=fts.tokenizer(conn),
         limit=limit,
         ranked=ranked,
