@@ -424,7 +424,9 @@ def shared_copy(portable: Portable, into: Path) -> Path:
     dest = into / f"fermix-{portable.label}-{digest}"
     if _usable_copy(dest, portable.parts, listing):
         return dest
-    if dest.exists() or dest.is_symlink():
+    # Another session may have renamed its whole copy in since that look: look again before
+    # setting anything aside, so that a good copy is never taken from under it.
+    if (dest.exists() or dest.is_symlink()) and not _usable_copy(dest, portable.parts, listing):
         _set_aside(dest)  # incomplete or not ours: it is never run
     staging = Path(tempfile.mkdtemp(prefix=f"{dest.name}.copying-", dir=into))
     try:
@@ -464,7 +466,10 @@ def _usable_copy(dest: Path, parts: tuple[str, ...], listing: list[tuple[str, in
         return False
     if not stat.S_ISDIR(top.st_mode) or top.st_uid != os.geteuid() or top.st_mode & 0o022:
         return False
-    return _listing(dest, parts) == listing
+    try:
+        return _listing(dest, parts) == listing
+    except FileNotFoundError:  # another session set it aside while it was read
+        return False
 
 
 def _set_aside(dest: Path) -> None:

@@ -181,8 +181,10 @@ class Compacting:
         with self._db.read() as reads:
             state = reads.conversation(key)
         skip, window_size = self._gate(settings, state, force=force)
+        # A /compact that does nothing changes nothing (K4): only a due compaction's skip is
+        # kept for the console (W1).
         if skip is not None:
-            if skip in RECORDED_SKIPS and state is not None:
+            if skip in RECORDED_SKIPS and state is not None and not force:
                 outcomes.record_skip(
                     self._writer, state, work="compaction", reason=skip, now=self._clock()
                 )
@@ -194,13 +196,14 @@ class Compacting:
             window = reads.window(key)
         plan = compaction.plan(window, context_window=window_size, model=route.primary)
         if plan is None:
-            outcomes.record_skip(
-                self._writer,
-                state,
-                work="compaction",
-                reason="nothing_to_summarize",
-                now=self._clock(),
-            )
+            if not force:
+                outcomes.record_skip(
+                    self._writer,
+                    state,
+                    work="compaction",
+                    reason="nothing_to_summarize",
+                    now=self._clock(),
+                )
             return _skipped(key, "nothing_to_summarize")
         input_room = max(1_000, window_size - plan.summary_tokens - 1_000)
         prompt = [
