@@ -7,6 +7,12 @@ PostgreSQL's ``PgDatabase``) and drives it through its sessions only: an append 
 ``fermix/runtime/writer.py`` commits for ``Conversation.append_user`` without a client key
 (the conversation's row touched through ``touch_known``, the message inserted) run with
 ``Storage.append``; a search is ``Reads.search_messages`` in a read unit.
+
+The one exception is the baseline of the concurrent appends on PostgreSQL,
+:func:`plain_concurrent`: fermix's own ``INSERT`` (``fermix/storage/postgres/messages.py``,
+with its stems, on fermix's schema with its trigger and indexes) sent by plain psycopg, one
+connection per thread, each statement its own transaction (autocommit: one round trip and
+one commit per row), as an application would write rows without fermix's group commit.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from _timing import percentile
 
 from fermix.model import ConversationKey, Message, NewMessage
 from fermix.storage import Storage, Writes
+from fermix.storage.postgres import messages as pg_messages
 
 AGENT, OWNER, TRUST = "bench", "alice", "operator"
 THREADS, CONVERSATIONS_PER_THREAD = 8, 8
@@ -122,6 +130,75 @@ def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
     elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
     latencies = [ns for _, _, lat in results for ns in lat]
     return Run(len(latencies), elapsed, latencies, db.commits - before)
+
+
+def plain_concurrent(url: str, prefix: str, texts: Sequence[str]) -> Run:
+    """:func:`concurrent`'s work without fermix's write path: :data:`THREADS` threads, each
+    on a psycopg connection of its own (autocommit), inserting its share of ``texts`` into
+    its own :data:`CONVERSATIONS_PER_THREAD` conversations with fermix's ``INSERT``, one row
+    and one commit per statement. The conversations' rows are made before the clock starts
+    (fermix's append touches its row in the same transaction; here the insert's trigger
+    alone updates it), so the baseline does no more than one insert a row."""
+    shares = chunks(texts, THREADS)
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(THREADS)]
+    barrier = threading.Barrier(THREADS)
+    results: list[tuple[int, int, list[int]]] = [(0, 0, [])] * THREADS
+    errors: list[BaseException] = []
+
+    def one(t: int) -> None:
+        try:
+            results[t] = insert_share(t)
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()  # the others stop waiting for this thread
+            raise
+
+    def insert_share(t: int) -> tuple[int, int, list[int]]:
+        conn = conns[t]
+        keys = [
+            ConversationKey(AGENT, "plain", f"{prefix}-t{t}-c{c}")
+            for c in range(CONVERSATIONS_PER_THREAD)
+        ]
+        for key in keys:
+            stamp = time.time_ns() // 1_000_000
+            conn.execute(
+                "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope, owner_id,"
+                " trust, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                (*key.as_tuple(), OWNER, TRUST, stamp, stamp),
+            )
+        clock = time.perf_counter_ns
+        latencies: list[int] = []
+        barrier.wait()
+        start = clock()
+        for i, text in enumerate(shares[t]):
+            t0 = clock()
+            new = NewMessage(
+                keys[i % CONVERSATIONS_PER_THREAD],
+                "user",
+                text,
+                owner_id=OWNER,
+                sender=OWNER,
+                trust=TRUST,
+            )
+            pg_messages.insert(conn, new)
+            latencies.append(clock() - t0)
+        return (start, clock(), latencies)
+
+    threads = [threading.Thread(target=one, args=(t,), name=f"plain-{t}") for t in range(THREADS)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        for conn in conns:
+            conn.close()
+    if errors:
+        raise errors[0]
+    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
+    latencies = [ns for _, _, lat in results for ns in lat]
+    return Run(len(latencies), elapsed, latencies, len(latencies))
 
 
 # -- writer processes ---------------------------------------------------------------------
