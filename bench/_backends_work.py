@@ -99,14 +99,45 @@ def sequential(db: Storage, key: ConversationKey, texts: Sequence[str]) -> Run:
     return Run(len(texts), clock() - start, latencies, db.commits - before)
 
 
+Timed = tuple[int, int, list[int]]
+"""One thread's share: its start and end (``perf_counter_ns``), each append's latency."""
+
+
+def in_threads(
+    share: Callable[[int, threading.Barrier], Timed], name: str
+) -> tuple[int, list[int]]:
+    """Run ``share(t, barrier)`` in :data:`THREADS` threads, each waiting on ``barrier``
+    before its clock starts; the wall time from the first start to the last end, and every
+    latency. A thread's error is raised here, once all have ended."""
+    barrier = threading.Barrier(THREADS)
+    results: list[Timed] = [(0, 0, [])] * THREADS
+    errors: list[BaseException] = []
+
+    def one(t: int) -> None:
+        try:
+            results[t] = share(t, barrier)
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()  # the others stop waiting for this thread
+            raise
+
+    threads = [threading.Thread(target=one, args=(t,), name=f"{name}-{t}") for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
+    return elapsed, [ns for _, _, lat in results for ns in lat]
+
+
 def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
     """:data:`THREADS` threads, each appending its share of ``texts`` to its own
     :data:`CONVERSATIONS_PER_THREAD` conversations in turn; timed from first to last."""
     shares = chunks(texts, THREADS)
-    barrier = threading.Barrier(THREADS)
-    results: list[tuple[int, int, list[int]]] = [(0, 0, [])] * THREADS
 
-    def one(t: int) -> None:
+    def appends(t: int, barrier: threading.Barrier) -> Timed:
         keys = [
             ConversationKey(AGENT, "threads", f"{prefix}-t{t}-c{c}")
             for c in range(CONVERSATIONS_PER_THREAD)
@@ -119,16 +150,10 @@ def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
             t0 = clock()
             append(db, keys[i % CONVERSATIONS_PER_THREAD], text)
             latencies.append(clock() - t0)
-        results[t] = (start, clock(), latencies)
+        return (start, clock(), latencies)
 
     before = db.commits
-    threads = [threading.Thread(target=one, args=(t,), name=f"bench-{t}") for t in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
-    latencies = [ns for _, _, lat in results for ns in lat]
+    elapsed, latencies = in_threads(appends, "bench")
     return Run(len(latencies), elapsed, latencies, db.commits - before)
 
 
@@ -141,19 +166,8 @@ def plain_concurrent(url: str, prefix: str, texts: Sequence[str]) -> Run:
     alone updates it), so the baseline does no more than one insert a row."""
     shares = chunks(texts, THREADS)
     conns = [psycopg.connect(url, autocommit=True) for _ in range(THREADS)]
-    barrier = threading.Barrier(THREADS)
-    results: list[tuple[int, int, list[int]]] = [(0, 0, [])] * THREADS
-    errors: list[BaseException] = []
 
-    def one(t: int) -> None:
-        try:
-            results[t] = insert_share(t)
-        except BaseException as exc:
-            errors.append(exc)
-            barrier.abort()  # the others stop waiting for this thread
-            raise
-
-    def insert_share(t: int) -> tuple[int, int, list[int]]:
+    def inserts(t: int, barrier: threading.Barrier) -> Timed:
         conn = conns[t]
         keys = [
             ConversationKey(AGENT, "plain", f"{prefix}-t{t}-c{c}")
@@ -185,19 +199,11 @@ def plain_concurrent(url: str, prefix: str, texts: Sequence[str]) -> Run:
             latencies.append(clock() - t0)
         return (start, clock(), latencies)
 
-    threads = [threading.Thread(target=one, args=(t,), name=f"plain-{t}") for t in range(THREADS)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        elapsed, latencies = in_threads(inserts, "plain")
     finally:
         for conn in conns:
             conn.close()
-    if errors:
-        raise errors[0]
-    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
-    latencies = [ns for _, _, lat in results for ns in lat]
     return Run(len(latencies), elapsed, latencies, len(latencies))
 
 
