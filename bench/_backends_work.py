@@ -28,30 +28,21 @@ from typing import Any
 import psycopg
 from _timing import percentile
 
-from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage import Storage, Writes
+from fermix.model import AppendResult, ConversationKey, Message, NewMessage, PendingAppend
+from fermix.runtime.writer import append_unit
+from fermix.storage import Storage
 from fermix.storage.postgres import messages as pg_messages
 
 AGENT, OWNER, TRUST = "bench", "alice", "operator"
 THREADS, CONVERSATIONS_PER_THREAD = 8, 8
 
 
-def append_unit(new: NewMessage, trust: str = TRUST) -> Callable[[Writes], Message]:
-    """The append unit of ``fermix/runtime/writer.py`` for a message without a client key."""
-    key, owner = new.key, new.owner_id
-
-    def unit(writes: Writes) -> Message:
-        writes.touch_known(key, owner, trust)
-        return writes.insert_message(new)
-
-    return unit
-
-
 def append(db: Storage, key: ConversationKey, text: str) -> Message:
-    """What ``Conversation.append_user(text)`` commits, through the port."""
+    """What ``Conversation.append_user(text)`` commits, through the port: the append unit of
+    ``fermix/runtime/writer.py`` (no client key)."""
     new = NewMessage(key, "user", text, owner_id=OWNER, sender=OWNER, trust=TRUST)
-    message: Message = db.append(append_unit(new), label="append")
-    return message
+    result: AppendResult = db.append(append_unit(PendingAppend(new, TRUST)), label="append")
+    return result.message
 
 
 @dataclass
