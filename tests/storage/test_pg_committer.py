@@ -20,12 +20,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pg_server import PgServer
 
 from fermix.clock import now_ms
-from fermix.errors import WriteFailedError
+from fermix.errors import InvalidInputError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
 from fermix.storage.appending import AppendUnit
 from fermix.storage.postgres import PgDatabase
@@ -427,6 +427,29 @@ def test_a_failing_append_in_a_run_fails_alone(
         assert r.messages(THIRD) == []
 
 
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_message_postgresql_cannot_hold_fails_its_append_alone_in_a_run(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """A NUL character in one message of a run fails the run's insert; that append alone
+    gets :class:`InvalidInputError`, as it would alone, and the others are stored."""
+    committer = open_committer(pipelined=pipelined)
+    outcomes = committer.run_many(
+        [
+            (plain_append(KEY, "ok"), "ok"),
+            (plain_append(OTHER, "fine"), "fine"),
+            (plain_append(THIRD, "bad\x00text"), "nul"),
+            (plain_append(KEYS[3], "after"), "after"),
+        ]
+    )
+    assert [ok for ok, _ in outcomes] == [True, True, False, True]
+    assert isinstance(outcomes[2][1], InvalidInputError)
+    with store.read() as r:
+        assert [m.content for m in r.messages(OTHER)] == ["fine"]
+        assert [m.content for m in r.messages(KEYS[3])] == ["after"]
+        assert r.messages(THIRD) == []
+
+
 def _due(store: PgDatabase, key: ConversationKey) -> int | None:
     """Since when the conversation waits for a review (the ``messages_bi`` trigger's)."""
     with psycopg.connect(store.url, autocommit=True) as conn:
@@ -463,6 +486,15 @@ SIDES = ("together", "alone")
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(appends=_APPENDS, pipelined=st.booleans())
+@example(  # a run's touch moves a row the batch's session knew: the last append moves it back
+    appends=[
+        (0, "bob", "operator", None, False, None, "user"),
+        (1, "alice", "operator", None, False, None, "user"),
+        (0, "alice", "guest", None, False, None, "user"),
+        (0, "bob", "operator", None, False, None, "user"),
+    ],
+    pipelined=False,
+)
 def test_appends_stored_together_store_what_each_alone_stores(
     appends: list[tuple[int, str, str, str | None, bool, int | None, str]],
     pipelined: bool,

@@ -203,7 +203,7 @@ class PgCommitter(GroupCommit):
                 try:
                     if len(appends) > 1:
                         for unit, result in zip(
-                            batch[index:], _append_all(conn, appends), strict=False
+                            batch[index:], _append_all(conn, session, appends), strict=False
                         ):
                             unit.value = result
                         self.grouped += len(appends)
@@ -298,12 +298,17 @@ def _plain_run(batch: list[Unit], start: int) -> list[AppendUnit]:
     return run
 
 
-def _append_all(conn: Conn, appends: list[AppendUnit]) -> list[AppendResult]:
+def _append_all(conn: Conn, session: PgWrites, appends: list[AppendUnit]) -> list[AppendResult]:
     """Run ``appends`` (plain, in distinct conversations) as each would run alone, in two
     statements for all: their conversations touched in their order (each row then locked,
     as by one touch), their messages inserted in their order (ids drawn in it). In a
     pipeline both go out at once. An error fails the run as a whole; the committer then
-    runs its units one by one, each in a savepoint, so the error reaches its own unit."""
+    runs its units one by one, each in a savepoint, so the error reaches its own unit.
+
+    The touch goes around ``session``'s :meth:`~PgWrites.touch_known`, so what the session
+    knows of those rows is dropped: a later unit of the batch that gives one of them its
+    earlier owner or trust back touches it again."""
+    session.drop_known()
     touch_all(conn, [(a.new.key, a.owner_id, a.trust) for a in appends])
     stored = insert_all(conn, [a.new for a in appends])
     return [AppendResult(message, replayed=False) for message in stored]
