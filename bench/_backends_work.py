@@ -7,6 +7,12 @@ PostgreSQL's ``PgDatabase``) and drives it through its sessions only: an append 
 ``fermix/runtime/writer.py`` commits for ``Conversation.append_user`` without a client key
 (the conversation's row touched through ``touch_known``, the message inserted) run with
 ``Storage.append``; a search is ``Reads.search_messages`` in a read unit.
+
+The one exception is the baseline of the concurrent appends on PostgreSQL,
+:func:`plain_concurrent`: fermix's own ``INSERT`` (``fermix/storage/postgres/messages.py``,
+with its stems, on fermix's schema with its trigger and indexes) sent by plain psycopg, one
+connection per thread, each statement its own transaction (autocommit: one round trip and
+one commit per row), as an application would write rows without fermix's group commit.
 """
 
 from __future__ import annotations
@@ -19,31 +25,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from _timing import percentile
 
-from fermix.model import ConversationKey, Message, NewMessage
-from fermix.storage import Storage, Writes
+from fermix.model import AppendResult, ConversationKey, Message, NewMessage, PendingAppend
+from fermix.runtime.writer import append_unit
+from fermix.storage import Storage
+from fermix.storage.postgres import messages as pg_messages
 
 AGENT, OWNER, TRUST = "bench", "alice", "operator"
 THREADS, CONVERSATIONS_PER_THREAD = 8, 8
 
 
-def append_unit(new: NewMessage, trust: str = TRUST) -> Callable[[Writes], Message]:
-    """The append unit of ``fermix/runtime/writer.py`` for a message without a client key."""
-    key, owner = new.key, new.owner_id
-
-    def unit(writes: Writes) -> Message:
-        writes.touch_known(key, owner, trust)
-        return writes.insert_message(new)
-
-    return unit
-
-
 def append(db: Storage, key: ConversationKey, text: str) -> Message:
-    """What ``Conversation.append_user(text)`` commits, through the port."""
+    """What ``Conversation.append_user(text)`` commits, through the port: the append unit of
+    ``fermix/runtime/writer.py`` (no client key)."""
     new = NewMessage(key, "user", text, owner_id=OWNER, sender=OWNER, trust=TRUST)
-    message: Message = db.append(append_unit(new), label="append")
-    return message
+    result: AppendResult = db.append(append_unit(PendingAppend(new, TRUST)), label="append")
+    return result.message
 
 
 @dataclass
@@ -91,14 +90,45 @@ def sequential(db: Storage, key: ConversationKey, texts: Sequence[str]) -> Run:
     return Run(len(texts), clock() - start, latencies, db.commits - before)
 
 
+Timed = tuple[int, int, list[int]]
+"""One thread's share: its start and end (``perf_counter_ns``), each append's latency."""
+
+
+def in_threads(
+    share: Callable[[int, threading.Barrier], Timed], name: str
+) -> tuple[int, list[int]]:
+    """Run ``share(t, barrier)`` in :data:`THREADS` threads, each waiting on ``barrier``
+    before its clock starts; the wall time from the first start to the last end, and every
+    latency. A thread's error is raised here, once all have ended."""
+    barrier = threading.Barrier(THREADS)
+    results: list[Timed] = [(0, 0, [])] * THREADS
+    errors: list[BaseException] = []
+
+    def one(t: int) -> None:
+        try:
+            results[t] = share(t, barrier)
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()  # the others stop waiting for this thread
+            raise
+
+    threads = [threading.Thread(target=one, args=(t,), name=f"{name}-{t}") for t in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
+    return elapsed, [ns for _, _, lat in results for ns in lat]
+
+
 def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
     """:data:`THREADS` threads, each appending its share of ``texts`` to its own
     :data:`CONVERSATIONS_PER_THREAD` conversations in turn; timed from first to last."""
     shares = chunks(texts, THREADS)
-    barrier = threading.Barrier(THREADS)
-    results: list[tuple[int, int, list[int]]] = [(0, 0, [])] * THREADS
 
-    def one(t: int) -> None:
+    def appends(t: int, barrier: threading.Barrier) -> Timed:
         keys = [
             ConversationKey(AGENT, "threads", f"{prefix}-t{t}-c{c}")
             for c in range(CONVERSATIONS_PER_THREAD)
@@ -111,17 +141,61 @@ def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
             t0 = clock()
             append(db, keys[i % CONVERSATIONS_PER_THREAD], text)
             latencies.append(clock() - t0)
-        results[t] = (start, clock(), latencies)
+        return (start, clock(), latencies)
 
     before = db.commits
-    threads = [threading.Thread(target=one, args=(t,), name=f"bench-{t}") for t in range(THREADS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed = max(end for _, end, _ in results) - min(start for start, _, _ in results)
-    latencies = [ns for _, _, lat in results for ns in lat]
+    elapsed, latencies = in_threads(appends, "bench")
     return Run(len(latencies), elapsed, latencies, db.commits - before)
+
+
+def plain_concurrent(url: str, prefix: str, texts: Sequence[str]) -> Run:
+    """:func:`concurrent`'s work without fermix's write path: :data:`THREADS` threads, each
+    on a psycopg connection of its own (autocommit), inserting its share of ``texts`` into
+    its own :data:`CONVERSATIONS_PER_THREAD` conversations with fermix's ``INSERT``, one row
+    and one commit per statement. The conversations' rows are made before the clock starts
+    (fermix's append touches its row in the same transaction; here the insert's trigger
+    alone updates it), so the baseline does no more than one insert a row."""
+    shares = chunks(texts, THREADS)
+    conns = [psycopg.connect(url, autocommit=True) for _ in range(THREADS)]
+
+    def inserts(t: int, barrier: threading.Barrier) -> Timed:
+        conn = conns[t]
+        keys = [
+            ConversationKey(AGENT, "plain", f"{prefix}-t{t}-c{c}")
+            for c in range(CONVERSATIONS_PER_THREAD)
+        ]
+        for key in keys:
+            stamp = time.time_ns() // 1_000_000
+            conn.execute(
+                "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope, owner_id,"
+                " trust, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                (*key.as_tuple(), OWNER, TRUST, stamp, stamp),
+            )
+        clock = time.perf_counter_ns
+        latencies: list[int] = []
+        barrier.wait()
+        start = clock()
+        for i, text in enumerate(shares[t]):
+            t0 = clock()
+            new = NewMessage(
+                keys[i % CONVERSATIONS_PER_THREAD],
+                "user",
+                text,
+                owner_id=OWNER,
+                sender=OWNER,
+                trust=TRUST,
+            )
+            pg_messages.insert(conn, new)
+            latencies.append(clock() - t0)
+        return (start, clock(), latencies)
+
+    try:
+        elapsed, latencies = in_threads(inserts, "plain")
+    finally:
+        for conn in conns:
+            conn.close()
+    return Run(len(latencies), elapsed, latencies, len(latencies))
 
 
 # -- writer processes ---------------------------------------------------------------------

@@ -22,7 +22,12 @@ baseline. Both sides' settings, as each reports them, are in the JSON line.
     ``Storage.append``: one thread on one conversation (sequential), and 8 threads over 64
     conversations, each thread owning 8 (the group commit batches them). p50 / p99 latency
     and throughput per adapter; ``append_p50_ratio`` is PostgreSQL's sequential p50 over
-    SQLite's.
+    SQLite's. The 8 threads are also run without fermix's write path, on the same database
+    in the same rounds, as PostgreSQL's own baseline (``_backends_work.plain_concurrent``):
+    fermix's ``INSERT`` (its stems, its schema's trigger and indexes) sent by plain psycopg,
+    a connection per thread, one row and one commit per statement.
+    ``append_conc_ratio_vs_psycopg`` is fermix's 8-thread rate over that baseline's
+    (target ≥ 1.0, issue 25: a group commit should beat a commit per row).
 (b) **Writer processes**: 1, 2 and 4 spawned processes, each with its own ``Database`` /
     ``PgDatabase`` on the same store, each appending to its own 8 conversations one after
     another for a fixed time (10 s; ``--quick``: 3 s) once all are ready; total
@@ -84,6 +89,7 @@ from _backends_work import (
     append,
     concurrent,
     loadavg,
+    plain_concurrent,
     search_rounds,
     sequential,
     writer_processes,
@@ -158,22 +164,29 @@ def appends(sizes: Sizes, server: Any, texts: Sequence[str], tmp: Path) -> dict[
     conc_rounds = _rounds(body[: sizes.concurrent])
     runs = {
         name: Run()
-        for name in ("seq_sqlite", "seq_sqlite_full", "seq_pg", "conc_sqlite", "conc_pg")
+        for name in (
+            "seq_sqlite",
+            "seq_sqlite_full",
+            "seq_pg",
+            "conc_sqlite",
+            "conc_pg",
+            "conc_psycopg",
+        )
     }
     seq_key = ConversationKey("bench", "appends", "seq")
+    pg_url = fresh_database(server, "bench_appends")
     with contextlib.ExitStack() as stack:
         stores: dict[str, Storage] = {
             "sqlite": stack.enter_context(opened(Database(tmp / "appends.db"))),
             "sqlite_full": stack.enter_context(opened(sqlite_full(tmp / "appends-full.db"))),
-            "pg": stack.enter_context(
-                opened(PgDatabase(fresh_database(server, "bench_appends"), readers=2))
-            ),
+            "pg": stack.enter_context(opened(PgDatabase(pg_url, readers=2))),
         }
         for name, db in stores.items():
             for text in warm:
                 append(db, seq_key, text)
             if name != "sqlite_full":
                 concurrent(db, "conc", warm)
+        plain_concurrent(pg_url, "plain", warm)
         measures = [
             *(
                 (f"seq_{name}", lambda r, db=db: sequential(db, seq_key, seq_rounds[r]))
@@ -183,6 +196,7 @@ def appends(sizes: Sizes, server: Any, texts: Sequence[str], tmp: Path) -> dict[
                 (f"conc_{name}", lambda r, db=stores[name]: concurrent(db, "conc", conc_rounds[r]))
                 for name in ADAPTERS
             ),
+            ("conc_psycopg", lambda r: plain_concurrent(pg_url, "plain", conc_rounds[r])),
         ]
         for r in range(ROUNDS):
             shift = r % len(measures)

@@ -556,6 +556,14 @@ FIGURES: dict[str, Benchmark] = {
                 ratio="append_conc_rate_ratio",
             ),
             Figure(
+                "8 threads, 64 conversations (msg/s), against plain psycopg",
+                "append_conc_msgs_s_pg",
+                "append_conc_msgs_s_psycopg",
+                "psycopg, fermix's INSERT, a commit per row, a connection per thread",
+                ratio="append_conc_ratio_vs_psycopg",
+                target=Target(">=", 1.0, on_ratio=True, source="issue 25"),
+            ),
+            Figure(
                 "8 threads, 64 conversations, append p99 (µs)",
                 "append_conc_p99_us_pg",
                 "append_conc_p99_us_sqlite",

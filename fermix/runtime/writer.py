@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from fermix.errors import ConflictError, FermixError, WriteFailedError
+from fermix.errors import FermixError, WriteFailedError
 from fermix.model import (
     AppendResult,
     ConversationKey,
@@ -37,6 +37,7 @@ from fermix.model import (
 )
 from fermix.runtime.prompt_files import PromptFiles, RebuildResult
 from fermix.storage import Storage, Writes
+from fermix.storage.appending import AppendUnit
 
 if TYPE_CHECKING:
     from fermix.runtime.telemetry import Telemetry
@@ -277,7 +278,7 @@ class Writer:
         return repaired
 
 
-def append_unit(pending: PendingAppend) -> Callable[[Writes], AppendResult]:
+def append_unit(pending: PendingAppend) -> AppendUnit:
     """The write unit of one append: the conversation touched, the message inserted (or
     found under its client key, N3), the recorded peak updated."""
     new = pending.new
@@ -285,42 +286,11 @@ def append_unit(pending: PendingAppend) -> Callable[[Writes], AppendResult]:
     return _unit_of(new, owner, pending.trust, pending.peak_prompt_tokens)
 
 
-def _unit_of(
-    new: NewMessage, owner: str, trust: str, peak: int | None
-) -> Callable[[Writes], AppendResult]:
-    """:func:`append_unit` of its parts. Run with :meth:`Database.append`: it changes a
-    conversation's owner and trust only through :meth:`Writes.touch_known`."""
-    key = new.key
-    client_key = new.client_key
-
-    def unit(writes: Writes) -> AppendResult:
-        if client_key is not None:
-            # Read under the write lock: no other writer, in any process, can store the
-            # same key between this read and the insert (N3).
-            earlier = writes.message_by_client_key(key, client_key)
-            if earlier is not None:
-                return AppendResult(_same_message(earlier, new), replayed=True)
-        writes.touch_known(key, owner, trust)
-        stored = writes.insert_message(new)
-        if peak is not None:
-            writes.update_conversation(key, peak_prompt_tokens=peak)
-        return AppendResult(stored, replayed=False)
-
-    return unit
-
-
-def _same_message(earlier: Message, new: NewMessage) -> Message:
-    """``earlier``, stored under ``new``'s client key, if it is the same message (N3).
-
-    A retry sends the same message again; the same key with another role, author or text
-    is a client's mistake, refused rather than answered with a message it did not send.
-    """
-    if (earlier.role, earlier.owner_id, earlier.content) != (new.role, new.owner_id, new.content):
-        raise ConflictError(
-            f"client_key {new.client_key!r} was already used in this conversation"
-            f" for another message (id {earlier.id})"
-        )
-    return earlier
+def _unit_of(new: NewMessage, owner: str, trust: str, peak: int | None) -> AppendUnit:
+    """:func:`append_unit` of its parts (:class:`~fermix.storage.appending.AppendUnit`). Run
+    with :meth:`Database.append`: it changes a conversation's owner and trust only through
+    :meth:`Writes.touch_known`."""
+    return AppendUnit(new, owner, trust, peak)
 
 
 def _span_attributes(new: NewMessage) -> dict[str, str]:

@@ -14,16 +14,20 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from pg_server import PgServer
 
 from fermix.clock import now_ms
-from fermix.errors import WriteFailedError
+from fermix.errors import InvalidInputError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
+from fermix.storage.appending import AppendUnit
 from fermix.storage.postgres import PgDatabase
 from fermix.storage.postgres.committer import PgCommitter
 from fermix.storage.postgres.connection import remote
@@ -175,15 +179,11 @@ class _Deferred(logging.Handler):
             self.seen.set()
 
 
-@pytest.mark.parametrize("pipelined", MODES)
-def test_a_unit_whose_row_is_locked_waits_for_the_next_batch(
-    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
-) -> None:
-    """A unit absorbed into a batch does not wait for a row another transaction holds: it
-    and the units queued after it go back to the queue, the batch commits without them,
-    and the first of them leads the next batch, waiting for the row; call order holds."""
-    committer = open_committer(pipelined=pipelined)
-    committer.run(append_unit(KEY, "first"))
+def _run_many_behind_a_lock(
+    committer: PgCommitter, store: PgDatabase, units: list[tuple[Unit, str]]
+) -> list[tuple[bool, Any]]:
+    """``committer.run_many(units)`` while another transaction holds the row of ``KEY``,
+    which it lets go once the committer has left units for a later batch."""
     watcher = _Deferred()
     log = logging.getLogger("fermix.storage.postgres.committer")
     log.addHandler(watcher)
@@ -198,11 +198,6 @@ def test_a_unit_whose_row_is_locked_waits_for_the_next_batch(
             " AND thread_scope = %s FOR UPDATE",
             KEY.as_tuple(),
         )
-        units = [
-            (append_unit(OTHER, "free"), "free"),
-            (append_unit(KEY, "locked"), "locked"),
-            (append_unit(OTHER, "after"), "after"),
-        ]
         writer = threading.Thread(target=lambda: outcomes.extend(committer.run_many(units)))
         writer.start()
         assert watcher.seen.wait(10)
@@ -212,6 +207,27 @@ def test_a_unit_whose_row_is_locked_waits_for_the_next_batch(
         holder.close()
         log.removeHandler(watcher)
         log.setLevel(level)
+    return outcomes
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_unit_whose_row_is_locked_waits_for_the_next_batch(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """A unit absorbed into a batch does not wait for a row another transaction holds: it
+    and the units queued after it go back to the queue, the batch commits without them,
+    and the first of them leads the next batch, waiting for the row; call order holds."""
+    committer = open_committer(pipelined=pipelined)
+    committer.run(append_unit(KEY, "first"))
+    outcomes = _run_many_behind_a_lock(
+        committer,
+        store,
+        [
+            (append_unit(OTHER, "free"), "free"),
+            (append_unit(KEY, "locked"), "locked"),
+            (append_unit(OTHER, "after"), "after"),
+        ],
+    )
     assert [ok for ok, _ in outcomes] == [True, True, True]
     assert committer.deferred == 2
     assert committer.transient_failures == 0
@@ -335,3 +351,225 @@ def test_o1_the_aside_committer_s_commits_are_counted_with_the_group_commit_s(
     assert (after.commits - before.commits, after.units - before.units) == (3, 3)
     assert after.sizes[0] - before.sizes[0] == 3  # each a batch of one
     assert after.queued == 0
+
+
+# -- a run of plain appends stored together (issue 25) --------------------------------------
+
+THIRD = KEYS[2]
+
+
+def plain_append(key: ConversationKey, content: str, *, owner_id: Any = "alice") -> AppendUnit:
+    """The writer's own append unit (no client key, no peak): one a batch may store with
+    others."""
+    return AppendUnit(NewMessage(key, "user", content, owner_id="alice"), owner_id, "operator")
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_run_of_plain_appends_is_stored_in_one_touch_and_one_insert(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """Issue 25: the appends absorbed after a batch's first unit, plain and in distinct
+    conversations, are stored together; each caller gets its own message, ids drawn in
+    queue order, each conversation's row touched and its window moved as by one append."""
+    committer = open_committer(pipelined=pipelined)
+    units = [plain_append(key, f"m-{key.chat_id}") for key in KEYS[:6]]
+    outcomes = committer.run_many([(unit, "append") for unit in units])
+    assert all(ok for ok, _ in outcomes)
+    assert committer.grouped == 5  # all but the first, which may wait for its row
+    results = [result for _, result in outcomes]
+    assert [r.message.content for r in results] == [u.new.content for u in units]
+    ids = [r.message.id for r in results]
+    assert ids == sorted(ids)
+    with store.read() as r:
+        for key, result in zip(KEYS[:6], results, strict=True):
+            assert r.messages(key) == [result.message]
+            state = r.conversation(key)
+            assert state is not None
+            assert (state.owner_id, state.trust) == ("alice", "operator")
+            assert r.window_mark(key)[0] == 1
+            assert _due(store, key) == result.message.created_at
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_run_of_plain_appends_meeting_a_locked_row_goes_to_the_next_batch_whole(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """A run stored together locks its rows without waiting (as each absorbed unit does):
+    one row locked by another transaction leaves the whole run, and the units after it, for
+    the next batch, which stores them once the row is free; call order holds."""
+    committer = open_committer(pipelined=pipelined)
+    committer.run(plain_append(KEY, "first"))
+    outcomes = _run_many_behind_a_lock(
+        committer,
+        store,
+        [
+            (plain_append(OTHER, "free"), "free"),
+            (plain_append(THIRD, "beside"), "beside"),
+            (plain_append(KEY, "locked"), "locked"),
+        ],
+    )
+    assert [ok for ok, _ in outcomes] == [True, True, True]
+    assert committer.deferred == 2
+    ids = [result.message.id for _, result in outcomes]
+    assert ids == sorted(ids)
+    with store.read() as r:
+        assert [m.content for m in r.messages(KEY)] == ["first", "locked"]
+        assert [m.content for m in r.messages(THIRD)] == ["beside"]
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_failing_append_in_a_run_fails_alone(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """An append whose touch fails (no owner) fails the run stored together; the batch then
+    runs unit by unit, and only that append's caller gets the error."""
+    committer = open_committer(pipelined=pipelined)
+    for round_ in range(6):
+        outcomes = committer.run_many(
+            [
+                (plain_append(KEY, f"ok-{round_}"), "ok"),
+                (plain_append(OTHER, f"fine-{round_}"), "fine"),
+                (plain_append(THIRD, f"bad-{round_}", owner_id=None), "bad touch"),
+                (plain_append(KEYS[3], f"after-{round_}"), "after"),
+            ]
+        )
+        assert [ok for ok, _ in outcomes] == [True, True, False, True]
+        bad = outcomes[2][1]
+        assert isinstance(bad, WriteFailedError)
+        assert isinstance(bad.__cause__, psycopg.errors.NotNullViolation)
+    with store.read() as r:
+        assert [m.content for m in r.messages(OTHER)] == [f"fine-{n}" for n in range(6)]
+        assert [m.content for m in r.messages(KEYS[3])] == [f"after-{n}" for n in range(6)]
+        assert r.messages(THIRD) == []
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_message_postgresql_cannot_hold_fails_its_append_alone_in_a_run(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """A NUL character in one message of a run fails the run's insert; that append alone
+    gets :class:`InvalidInputError`, as it would alone, and the others are stored."""
+    committer = open_committer(pipelined=pipelined)
+    outcomes = committer.run_many(
+        [
+            (plain_append(KEY, "ok"), "ok"),
+            (plain_append(OTHER, "fine"), "fine"),
+            (plain_append(THIRD, "bad\x00text"), "nul"),
+            (plain_append(KEYS[3], "after"), "after"),
+        ]
+    )
+    assert [ok for ok, _ in outcomes] == [True, True, False, True]
+    assert isinstance(outcomes[2][1], InvalidInputError)
+    with store.read() as r:
+        assert [m.content for m in r.messages(OTHER)] == ["fine"]
+        assert [m.content for m in r.messages(KEYS[3])] == ["after"]
+        assert r.messages(THIRD) == []
+
+
+def _due(store: PgDatabase, key: ConversationKey) -> int | None:
+    """Since when the conversation waits for a review (the ``messages_bi`` trigger's)."""
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT review_due_at FROM conversations WHERE agent_id = %s AND channel = %s"
+            " AND chat_id = %s AND thread_scope = %s",
+            key.as_tuple(),
+        ).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+_APPENDS = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # the conversation
+        st.sampled_from(["alice", "bob"]),  # the conversation's owner
+        st.sampled_from(["operator", "guest"]),  # the conversation's trust
+        st.sampled_from([None, "operator", "guest"]),  # the author's trust
+        st.booleans(),  # with a client key
+        st.sampled_from([None, 100]),  # a recorded peak
+        st.sampled_from(["user", "assistant"]),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+SIDES = ("together", "alone")
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(appends=_APPENDS, pipelined=st.booleans())
+@example(  # a run's touch moves a row the batch's session knew: the last append moves it back
+    appends=[
+        (0, "bob", "operator", None, False, None, "user"),
+        (1, "alice", "operator", None, False, None, "user"),
+        (0, "alice", "guest", None, False, None, "user"),
+        (0, "bob", "operator", None, False, None, "user"),
+    ],
+    pipelined=False,
+)
+def test_appends_stored_together_store_what_each_alone_stores(
+    appends: list[tuple[int, str, str, str | None, bool, int | None, str]],
+    pipelined: bool,
+    store: PgDatabase,
+) -> None:
+    """Issue 25, property: any mix of appends (repeated conversations, client keys, peaks,
+    owners and trusts changing) committed as one batch stores the same messages, in the
+    same order, with the same trust, and leaves the conversations in the same state as
+    the same appends committed one at a time."""
+    together = PgCommitter(
+        lambda: psycopg.connect(store.url, autocommit=True), retry=NO_RETRY, pipelined=pipelined
+    )
+    alone = PgCommitter(lambda: psycopg.connect(store.url, autocommit=True), retry=NO_RETRY)
+    run = uuid.uuid4().hex[:8]
+    try:
+
+        def units(side: str) -> list[AppendUnit]:
+            made = []
+            for n, (conv, owner, trust, author, keyed, peak, role) in enumerate(appends):
+                key = ConversationKey("agent", side, f"{run}-{conv}")
+                new = NewMessage(
+                    key,
+                    role,
+                    f"text {n} of {conv}",
+                    owner_id=owner,
+                    trust=author,
+                    client_key=f"k{n}" if keyed else None,
+                )
+                made.append(AppendUnit(new, owner, trust, peak))
+            return made
+
+        batch = together.run_many([(unit, "append") for unit in units("together")])
+        single = [alone.run(unit) for unit in units("alone")]
+    finally:
+        together.close()
+        alone.close()
+    assert all(ok for ok, _ in batch)
+    got = [result for _, result in batch]
+
+    def shown(message: Message) -> tuple[Any, ...]:
+        return (message.role, message.content, message.owner_id, message.trust, message.client_key)
+
+    assert [shown(r.message) for r in got] == [shown(r.message) for r in single]
+    with store.read() as r:
+        for conv in {conv for conv, *_ in appends}:
+            keys = [
+                ConversationKey("agent", side, f"{run}-{conv}") for side in ("together", "alone")
+            ]
+            stored = [r.messages(key) for key in keys]
+            assert [shown(m) for m in stored[0]] == [shown(m) for m in stored[1]]
+            assert [m.id for m in stored[0]] == sorted(m.id for m in stored[0])
+            times = [m.created_at for m in stored[0]]
+            assert times == sorted(times)
+            states = [r.conversation(key) for key in keys]
+            assert states[0] is not None and states[1] is not None
+            assert (states[0].owner_id, states[0].trust, states[0].peak_prompt_tokens) == (
+                states[1].owner_id,
+                states[1].trust,
+                states[1].peak_prompt_tokens,
+            )
+            assert r.window_mark(keys[0])[0] == r.window_mark(keys[1])[0]
+            assert (_due(store, keys[0]) is None) == (_due(store, keys[1]) is None)

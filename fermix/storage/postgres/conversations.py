@@ -5,12 +5,20 @@
 so a user message that committed while they waited keeps the conversation due: an
 ``UPDATE`` that waits for a row lock re-checks the row it updates, but its subqueries on
 ``messages`` keep the statement's snapshot. (SQLite's one writer needs no lock.)
+
+:func:`touch_all` touches the conversations of a run of appends in one statement (the
+group commit's, :mod:`fermix.storage.postgres.committer`).
 """
 
 from __future__ import annotations
 
-from fermix.model import ConversationKey
+from collections.abc import Sequence
+from typing import Any
+
+from fermix.clock import now_ms
+from fermix.model import ConversationKey, check_trust
 from fermix.storage import conversations
+from fermix.storage.postgres.connection import Conn, send
 from fermix.storage.sql import Sql
 
 
@@ -38,3 +46,30 @@ def finish_review(
 def release_review(sql: Sql, key: ConversationKey, *, token: str) -> bool:
     """:func:`fermix.storage.conversations.release_review`, the row locked first."""
     return _lock_claimed(sql, key, token) and conversations.release_review(sql, key, token=token)
+
+
+_TOUCH_ALL = (
+    "INSERT INTO conversations AS c (agent_id, channel, chat_id, thread_scope, owner_id, trust,"
+    " created_at, updated_at)"
+    " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
+    " %s::text[], %s::bigint[], %s::bigint[])"
+    " ON CONFLICT (agent_id, channel, chat_id, thread_scope) DO UPDATE SET"
+    " owner_id = excluded.owner_id, trust = excluded.trust, updated_at = excluded.updated_at"
+    " WHERE c.owner_id IS DISTINCT FROM excluded.owner_id"
+    " OR c.trust IS DISTINCT FROM excluded.trust"
+)
+
+
+def touch_all(conn: Conn, rows: Sequence[tuple[ConversationKey, str, str]]) -> None:
+    """:func:`fermix.storage.conversations.touch` of every ``(key, owner_id, trust)`` of
+    ``rows`` (distinct keys) in one statement, locking their rows in that order; sent
+    without waiting for its answer, as the touch is."""
+    for _, _, trust in rows:
+        check_trust(trust)
+    ts = now_ms()
+    columns: list[list[Any]] = [[], [], [], [], [], []]
+    for key, owner_id, trust in rows:
+        for column, value in zip(columns, (*key.as_tuple(), owner_id, trust), strict=True):
+            column.append(value)
+    stamps = [ts] * len(rows)
+    send(conn, _TOUCH_ALL, (*columns, stamps, stamps))

@@ -11,6 +11,7 @@ and :func:`~fermix.storage.fulltext.rank`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -93,6 +94,66 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
     sql = _INSERTS[(stamped, new.trust is not None)]
     message_id, stored_at, trust = fetch_rows(conn, sql, params)[0]
     return Message(int(message_id), *values, int(stored_at), trust, new.client_key)
+
+
+_INSERT_ALL = (
+    "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
+    " kind, content, metadata_json, created_at, client_key, stems, trust)"
+    " SELECT i.agent_id, i.owner_id, i.channel, i.chat_id, i.thread_scope, i.sender, i.role,"
+    " i.kind, i.content, i.metadata_json,"
+    " greatest(i.created_at, (SELECT max(m.created_at) FROM messages AS m"
+    "  WHERE m.agent_id = i.agent_id AND m.channel = i.channel AND m.chat_id = i.chat_id"
+    "  AND m.thread_scope = i.thread_scope)),"
+    " NULL, i.stems::tsvector,"
+    " coalesce(i.trust, (SELECT c.trust FROM conversations AS c"
+    "  WHERE c.agent_id = i.agent_id AND c.channel = i.channel AND c.chat_id = i.chat_id"
+    "  AND c.thread_scope = i.thread_scope), 'guest')"
+    " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
+    " %s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[])"
+    " WITH ORDINALITY AS i(agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
+    " kind, content, metadata_json, created_at, stems, trust, n)"
+    " ORDER BY i.n"
+    " RETURNING id, created_at, trust, agent_id, channel, chat_id, thread_scope"
+)
+
+
+def insert_all(conn: Conn, news: Sequence[NewMessage]) -> list[Message]:
+    """:func:`insert` of each of ``news`` (no client key, in distinct conversations, each
+    touched first) in one statement; the stored rows, in the order of ``news``.
+
+    The rows are inserted in that order, so the ``messages_bi`` trigger draws their ids in
+    it; each is timed now but not before its conversation's latest message, as
+    :func:`insert` times one (a conversation has one message here, so the latest is one
+    committed before).
+    """
+    now = now_ms()
+    columns: list[list[Any]] = [[] for _ in range(13)]
+    rows: list[tuple[Any, ...]] = []
+    for new in news:
+        assert new.client_key is None  # the run of plain appends: no key to answer under
+        values = (
+            *new.key.as_tuple()[:1],
+            new.owner_id,
+            *new.key.as_tuple()[1:],
+            new.sender,
+            new.role,
+            new.kind,
+            new.content,
+            new.metadata_json(),
+        )
+        rows.append(values)
+        for column, value in zip(
+            columns,
+            (*values, now, document(new.content, new.key, new.owner_id), new.trust),
+            strict=True,
+        ):
+            column.append(value)
+    stored = {tuple(found[3:]): found[:3] for found in fetch_rows(conn, _INSERT_ALL, columns)}
+    out: list[Message] = []
+    for new, values in zip(news, rows, strict=True):
+        message_id, stored_at, trust = stored[new.key.as_tuple()]
+        out.append(Message(int(message_id), *values, int(stored_at), trust, None))
+    return out
 
 
 # -- search ----------------------------------------------------------------------------
