@@ -94,6 +94,23 @@ Timed = tuple[int, int, list[int]]
 """One thread's share: its start and end (``perf_counter_ns``), each append's latency."""
 
 
+def each_timed(
+    barrier: threading.Barrier, items: Sequence[str], op: Callable[[int, str], object]
+) -> Timed:
+    """``op(i, item)`` for each of ``items`` once ``barrier`` lets this thread go: its start,
+    its end and each call's latency (ns). fermix's threads and the plain baseline's are timed
+    by this one loop."""
+    clock = time.perf_counter_ns
+    latencies: list[int] = []
+    barrier.wait()
+    start = clock()
+    for i, item in enumerate(items):
+        t0 = clock()
+        op(i, item)
+        latencies.append(clock() - t0)
+    return (start, clock(), latencies)
+
+
 def in_threads(
     share: Callable[[int, threading.Barrier], Timed], name: str
 ) -> tuple[int, list[int]]:
@@ -133,15 +150,11 @@ def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
             ConversationKey(AGENT, "threads", f"{prefix}-t{t}-c{c}")
             for c in range(CONVERSATIONS_PER_THREAD)
         ]
-        clock = time.perf_counter_ns
-        latencies: list[int] = []
-        barrier.wait()
-        start = clock()
-        for i, text in enumerate(shares[t]):
-            t0 = clock()
-            append(db, keys[i % CONVERSATIONS_PER_THREAD], text)
-            latencies.append(clock() - t0)
-        return (start, clock(), latencies)
+        return each_timed(
+            barrier,
+            shares[t],
+            lambda i, text: append(db, keys[i % CONVERSATIONS_PER_THREAD], text),
+        )
 
     before = db.commits
     elapsed, latencies = in_threads(appends, "bench")
@@ -172,23 +185,13 @@ def plain_concurrent(url: str, prefix: str, texts: Sequence[str]) -> Run:
                 " ON CONFLICT DO NOTHING",
                 (*key.as_tuple(), OWNER, TRUST, stamp, stamp),
             )
-        clock = time.perf_counter_ns
-        latencies: list[int] = []
-        barrier.wait()
-        start = clock()
-        for i, text in enumerate(shares[t]):
-            t0 = clock()
-            new = NewMessage(
-                keys[i % CONVERSATIONS_PER_THREAD],
-                "user",
-                text,
-                owner_id=OWNER,
-                sender=OWNER,
-                trust=TRUST,
-            )
+
+        def insert(i: int, text: str) -> None:
+            key = keys[i % CONVERSATIONS_PER_THREAD]
+            new = NewMessage(key, "user", text, owner_id=OWNER, sender=OWNER, trust=TRUST)
             pg_messages.insert(conn, new)
-            latencies.append(clock() - t0)
-        return (start, clock(), latencies)
+
+        return each_timed(barrier, shares[t], insert)
 
     try:
         elapsed, latencies = in_threads(inserts, "plain")
