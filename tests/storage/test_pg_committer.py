@@ -11,8 +11,10 @@ the suite) and pipelined (a remote server's mode, forced here).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import select
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,12 +27,13 @@ from hypothesis import strategies as st
 from pg_server import PgServer
 
 from fermix.clock import now_ms
-from fermix.errors import InvalidInputError, WriteFailedError
+from fermix.errors import InvalidInputError, StorageError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
 from fermix.storage.appending import AppendUnit
 from fermix.storage.postgres import PgDatabase
-from fermix.storage.postgres.committer import PgCommitter
-from fermix.storage.postgres.connection import remote
+from fermix.storage.postgres.committer import PgCommitter, StemmedAppend, stemmed
+from fermix.storage.postgres.connection import fetch_rows, pipeline, remote, send
+from fermix.storage.postgres.messages import document
 from fermix.storage.retry import RetryPolicy
 
 SERVICES, THREADS, APPENDS = 2, 8, 25
@@ -167,46 +170,68 @@ def test_two_services_appending_in_random_orders_never_deadlock(
             assert ids == sorted(ids)
 
 
-class _Deferred(logging.Handler):
-    """Sets ``seen`` once the committer logs that it left units for a later batch."""
+class _Logged(logging.Handler):
+    """Sets ``seen`` once the committer logs ``phrase``."""
 
-    def __init__(self) -> None:
+    def __init__(self, phrase: str) -> None:
         super().__init__(logging.DEBUG)
+        self.phrase = phrase
         self.seen = threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if "next batch" in record.getMessage():
+        if self.phrase in record.getMessage():
             self.seen.set()
 
 
-def _run_many_behind_a_lock(
-    committer: PgCommitter, store: PgDatabase, units: list[tuple[Unit, str]]
-) -> list[tuple[bool, Any]]:
-    """``committer.run_many(units)`` while another transaction holds the row of ``KEY``,
-    which it lets go once the committer has left units for a later batch."""
-    watcher = _Deferred()
+@contextlib.contextmanager
+def _logged(phrase: str) -> Iterator[threading.Event]:
+    """An event set once the committer logs ``phrase`` in the block."""
+    watcher = _Logged(phrase)
     log = logging.getLogger("fermix.storage.postgres.committer")
     log.addHandler(watcher)
     level = log.level
     log.setLevel(logging.DEBUG)
-    outcomes: list[tuple[bool, Any]] = []
-    holder = psycopg.connect(store.url, autocommit=True)
+    try:
+        yield watcher.seen
+    finally:
+        log.removeHandler(watcher)
+        log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _row_held(url: str, key: ConversationKey) -> Iterator[psycopg.Connection[Any]]:
+    """Another transaction holding the row of ``key`` (``FOR UPDATE``) until the block
+    commits it on the connection given; closed after the block."""
+    holder = psycopg.connect(url, autocommit=True)
     try:
         holder.execute("BEGIN")
         holder.execute(
             "SELECT 1 FROM conversations WHERE agent_id = %s AND channel = %s AND chat_id = %s"
             " AND thread_scope = %s FOR UPDATE",
-            KEY.as_tuple(),
+            key.as_tuple(),
         )
-        writer = threading.Thread(target=lambda: outcomes.extend(committer.run_many(units)))
-        writer.start()
-        assert watcher.seen.wait(10)
-        holder.execute("COMMIT")
-        writer.join()
+        yield holder
     finally:
         holder.close()
-        log.removeHandler(watcher)
-        log.setLevel(level)
+
+
+def _run_many_behind_a_lock(
+    committer: PgCommitter,
+    store: PgDatabase,
+    units: list[tuple[Unit, str]],
+    *,
+    until: str = "next batch",
+) -> list[tuple[bool, Any]]:
+    """``committer.run_many(units)`` while another transaction holds the row of ``KEY``,
+    which it lets go once the committer logs ``until`` (by default: it has left units for a
+    later batch)."""
+    outcomes: list[tuple[bool, Any]] = []
+    with _logged(until) as seen, _row_held(store.url, KEY) as holder:
+        writer = threading.Thread(target=lambda: outcomes.extend(committer.run_many(units)))
+        writer.start()
+        assert seen.wait(10)
+        holder.execute("COMMIT")
+        writer.join()
     return outcomes
 
 
@@ -368,14 +393,14 @@ def plain_append(key: ConversationKey, content: str, *, owner_id: Any = "alice")
 def test_a_run_of_plain_appends_is_stored_in_one_touch_and_one_insert(
     pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
 ) -> None:
-    """Issue 25: the appends absorbed after a batch's first unit, plain and in distinct
-    conversations, are stored together; each caller gets its own message, ids drawn in
-    queue order, each conversation's row touched and its window moved as by one append."""
+    """Issue 25: a batch's plain appends in distinct conversations, its first unit among
+    them, are stored together; each caller gets its own message, ids drawn in queue order,
+    each conversation's row touched and its window moved as by one append."""
     committer = open_committer(pipelined=pipelined)
     units = [plain_append(key, f"m-{key.chat_id}") for key in KEYS[:6]]
     outcomes = committer.run_many([(unit, "append") for unit in units])
     assert all(ok for ok, _ in outcomes)
-    assert committer.grouped == 5  # all but the first, which may wait for its row
+    assert committer.grouped == 6
     results = [result for _, result in outcomes]
     assert [r.message.content for r in results] == [u.new.content for u in units]
     ids = [r.message.id for r in results]
@@ -409,12 +434,63 @@ def test_a_run_of_plain_appends_meeting_a_locked_row_goes_to_the_next_batch_whol
         ],
     )
     assert [ok for ok, _ in outcomes] == [True, True, True]
-    assert committer.deferred == 2
+    assert committer.deferred >= 2  # again when the next batch starts before the row is free
     ids = [result.message.id for _, result in outcomes]
     assert ids == sorted(ids)
     with store.read() as r:
         assert [m.content for m in r.messages(KEY)] == ["first", "locked"]
         assert [m.content for m in r.messages(THIRD)] == ["beside"]
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_batch_whose_first_append_s_row_is_locked_waits_for_it_with_its_first_unit(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """A batch of plain appends runs its first one with the others, none waiting for a
+    lock; when the first one's row is locked, the batch runs again with its first unit
+    alone, waiting for the row (it holds none, so no deadlock), and the others stored
+    together after it; every caller gets its message, in call order."""
+    committer = open_committer(pipelined=pipelined)
+    committer.run(plain_append(KEY, "first"))
+    outcomes = _run_many_behind_a_lock(
+        committer,
+        store,
+        [
+            (plain_append(KEY, "locked"), "locked"),
+            (plain_append(OTHER, "free"), "free"),
+            (plain_append(THIRD, "beside"), "beside"),
+        ],
+        until="its first unit waits",
+    )
+    assert [ok for ok, _ in outcomes] == [True, True, True]
+    assert committer.deferred == 0
+    assert committer.transient_failures == 0
+    ids = [result.message.id for _, result in outcomes]
+    assert ids == sorted(ids)
+    with store.read() as r:
+        assert [m.content for m in r.messages(KEY)] == ["first", "locked"]
+        assert [m.content for m in r.messages(OTHER)] == ["free"]
+
+
+def test_a_stemmed_append_stores_the_stems_its_message_would_get_alone(
+    store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """Issue 25: the stems a plain append's caller makes before it queues (``stemmed``)
+    are the ones the insert of that message alone makes, in a run and alone."""
+    committer = open_committer(pipelined=False)
+    texts = ["Caroline went to the LGBTQ support group", "running, ran; runs!", "ça va 日本"]
+    units = [stemmed(plain_append(key, text)) for key, text in zip(KEYS[5:8], texts, strict=True)]
+    assert all(isinstance(unit, StemmedAppend) for unit in units)
+    alone = committer.run(stemmed(plain_append(KEYS[8], texts[0])))
+    together = [result for _, result in committer.run_many([(u, "append") for u in units])]
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        for result in [alone, *together]:
+            message = result.message
+            row = conn.execute(
+                "SELECT stems = %s::tsvector FROM messages WHERE id = %s",
+                (document(message.content, message.key, message.owner_id), message.id),
+            ).fetchone()
+            assert row == (True,)
 
 
 @pytest.mark.parametrize("pipelined", MODES)
@@ -464,6 +540,11 @@ def test_a_message_postgresql_cannot_hold_fails_its_append_alone_in_a_run(
         assert [m.content for m in r.messages(OTHER)] == ["fine"]
         assert [m.content for m in r.messages(KEYS[3])] == ["after"]
         assert r.messages(THIRD) == []
+    for unit in (plain_append(THIRD, "alone\x00"), stemmed(plain_append(THIRD, "stemmed\x00"))):
+        with pytest.raises(InvalidInputError, match="NUL"):  # a batch of one: the same error
+            committer.run(unit)
+    with store.read() as r:
+        assert r.messages(THIRD) == []
 
 
 def _due(store: PgDatabase, key: ConversationKey) -> int | None:
@@ -501,7 +582,7 @@ SIDES = ("together", "alone")
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(appends=_APPENDS, pipelined=st.booleans())
+@given(appends=_APPENDS, pipelined=st.booleans(), stems=st.booleans())
 @example(  # a run's touch moves a row the batch's session knew: the last append moves it back
     appends=[
         (0, "bob", "operator", None, False, None, "user"),
@@ -510,10 +591,12 @@ SIDES = ("together", "alone")
         (0, "bob", "operator", None, False, None, "user"),
     ],
     pipelined=False,
+    stems=False,
 )
 def test_appends_stored_together_store_what_each_alone_stores(
     appends: list[tuple[int, str, str, str | None, bool, int | None, str]],
     pipelined: bool,
+    stems: bool,
     store: PgDatabase,
 ) -> None:
     """Issue 25, property: any mix of appends (repeated conversations, client keys, peaks,
@@ -527,8 +610,8 @@ def test_appends_stored_together_store_what_each_alone_stores(
     run = uuid.uuid4().hex[:8]
     try:
 
-        def units(side: str) -> list[AppendUnit]:
-            made = []
+        def units(side: str) -> list[Unit]:
+            made: list[Unit] = []
             for n, (conv, owner, trust, author, keyed, peak, role) in enumerate(appends):
                 key = ConversationKey("agent", side, f"{run}-{conv}")
                 new = NewMessage(
@@ -539,7 +622,8 @@ def test_appends_stored_together_store_what_each_alone_stores(
                     trust=author,
                     client_key=f"k{n}" if keyed else None,
                 )
-                made.append(AppendUnit(new, owner, trust, peak))
+                unit = AppendUnit(new, owner, trust, peak)
+                made.append(stemmed(unit) if stems and side == "together" else unit)
             return made
 
         batch = together.run_many([(unit, "append") for unit in units("together")])
@@ -573,3 +657,132 @@ def test_appends_stored_together_store_what_each_alone_stores(
             )
             assert r.window_mark(keys[0])[0] == r.window_mark(keys[1])[0]
             assert (_due(store, keys[0]) is None) == (_due(store, keys[1]) is None)
+
+
+# -- lanes: a process's appends on several group commits (issue 25) ----------------------
+
+
+def _keys_in_two_lanes(db: PgDatabase) -> tuple[ConversationKey, ConversationKey]:
+    """Two conversations whose appends go to different lanes of ``db``."""
+    first = KEYS[0]
+    other = next(key for key in KEYS[1:] if db.lane_of(key) != db.lane_of(first))
+    return first, other
+
+
+def test_an_append_does_not_wait_behind_a_row_locked_in_another_lane(postgres_db: str) -> None:
+    """Issue 25: the appends of one process run on ``writers`` group commits, one per
+    conversation's lane: while an append waits for its conversation's row (another
+    transaction holds it), an append to a conversation of another lane commits, as it
+    would in another service; the waiting one commits once the row is free."""
+    db = PgDatabase(postgres_db, readers=1, writers=2)
+    locked, free = _keys_in_two_lanes(db)
+    try:
+        db.append(plain_append(locked, "before"), label="append")
+        waiting: list[Any] = []
+        writer = threading.Thread(
+            target=lambda: waiting.append(db.append(plain_append(locked, "waits"), label="a"))
+        )
+        with _logged("its first unit waits") as seen, _row_held(postgres_db, locked) as holder:
+            writer.start()
+            assert seen.wait(10)
+            beside = db.append(plain_append(free, "beside"), label="append")  # not behind it
+            assert writer.is_alive() and waiting == []
+            with db.read() as r:
+                assert r.messages(free) == [beside.message]
+            holder.execute("COMMIT")
+        writer.join(10)
+        assert not writer.is_alive()
+        with db.read() as r:
+            assert [m.content for m in r.messages(locked)] == ["before", "waits"]
+        stats = db.commit_stats()
+        assert (stats.commits, stats.units, stats.queued) == (3, 3, 0)
+        assert db.commits == 3
+    finally:
+        db.close()
+
+
+def test_threads_appending_over_lanes_keep_each_conversation_s_order(postgres_db: str) -> None:
+    """Issue 25: threads appending to shared conversations over three lanes: every append
+    commits, and each thread's appends to a conversation have ids (and times) in its call
+    order; the lanes' commits are counted together (O1)."""
+    db = PgDatabase(postgres_db, readers=1, writers=3)
+    keys = KEYS[:6]
+    threads, rounds = 6, 15
+    errors: list[BaseException] = []
+    results: dict[int, list[Any]] = {t: [] for t in range(threads)}
+    start = threading.Barrier(threads)
+
+    def appender(t: int) -> None:
+        start.wait()
+        try:
+            for n in range(rounds):
+                key = keys[(t + n) % len(keys)]
+                results[t].append(db.append(plain_append(key, f"t{t}-{n}"), label="append"))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=appender, args=(t,)) for t in range(threads)]
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        assert errors == []
+        assert len({db.lane_of(key) for key in keys}) > 1
+        for t in range(threads):
+            for key in keys:
+                mine = [r.message for r in results[t] if r.message.key == key]
+                assert [m.id for m in mine] == sorted(m.id for m in mine)
+        with db.read() as r:
+            for key in keys:
+                stored = r.messages(key)
+                assert [m.created_at for m in stored] == sorted(m.created_at for m in stored)
+        assert db.commit_stats().units == threads * rounds
+    finally:
+        db.close()
+
+
+def test_a_closed_database_refuses_appends_in_every_lane(postgres_db: str) -> None:
+    """Closing finishes every lane's queued appends, then refuses new ones with a
+    :class:`StorageError`, in any lane."""
+    db = PgDatabase(postgres_db, readers=1, writers=2)
+    first, second = _keys_in_two_lanes(db)
+    db.append(plain_append(first, "one"), label="append")
+    db.append(plain_append(second, "two"), label="append")
+    db.close()
+    for key in (first, second, KEYS[9]):
+        with pytest.raises(StorageError, match="closed"):
+            db.append(plain_append(key, "late"), label="append")
+    again = PgDatabase(postgres_db, readers=1)
+    try:
+        with again.read() as r:
+            assert [m.content for m in r.messages(first)] == ["one"]
+            assert [m.content for m in r.messages(second)] == ["two"]
+    finally:
+        again.close()
+
+
+def test_writers_must_be_at_least_one(postgres_db: str) -> None:
+    """A process needs one group commit at least."""
+    with pytest.raises(ValueError, match="writers"):
+        PgDatabase(postgres_db, writers=0)
+
+
+def test_an_error_read_while_a_later_statement_is_sent_leaves_the_pipeline_clean(
+    postgres_db: str,
+) -> None:
+    """In a pipeline, a statement's error (here a division by zero, as a lock timeout
+    would be) can reach the client while the next statement is being sent, and is raised
+    there: the caller gets that error, not ``PipelineAborted``, and the pipeline ends
+    without raising, so the committer can roll back and carry on."""
+    with psycopg.connect(postgres_db, autocommit=True) as conn:
+        with pipeline(conn):
+            send(conn, "BEGIN")
+            send(conn, "SELECT 1 / 0")
+            conn.pgconn.flush()
+            readable, _, _ = select.select([conn.fileno()], [], [], 10)
+            assert readable  # the error is on the socket before the next statement goes out
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                fetch_rows(conn, "SELECT 1")
+        conn.rollback()
+        assert fetch_rows(conn, "SELECT 2") == [(2,)]

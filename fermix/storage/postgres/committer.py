@@ -1,8 +1,9 @@
 """Group commit on PostgreSQL: the concurrent write units of one process share transactions.
 
 The leader/absorb scheme of :mod:`fermix.storage.sqlite.committer` (the shared
-:class:`~fermix.storage.leaders.GroupCommit`), on one psycopg connection per process
-(autocommit mode, transactions opened and ended here):
+:class:`~fermix.storage.leaders.GroupCommit`), on one psycopg connection (autocommit mode,
+transactions opened and ended here); a process runs its appends on a few of them side by
+side, one per lane of conversations (:meth:`fermix.storage.postgres.PgDatabase.append`):
 
 * a caller that finds the connection free leads: ``BEGIN`` (READ COMMITTED), its unit, and
   every unit queued meanwhile (up to ``max_batch``), then ``COMMIT``; it wakes its batch's
@@ -18,37 +19,46 @@ work, each statement goes out alone. A pipelined attempt that fails is rolled ba
 psycopg's ``rollback()``, which also forgets its prepared statements: a statement prepared
 behind a failed one in the pipeline never was, though psycopg counts it as prepared.
 
-**A run of appends in two statements.** The appends absorbed after a batch's first unit
-that only touch their conversation and insert (no client key to read first, no peak to
-write after: :attr:`~fermix.storage.appending.AppendUnit.plain`), in distinct
-conversations, are stored together (:func:`_append_all`): one ``INSERT ... ON CONFLICT`` of
-their conversations' rows, locking them in queue order as their own touches would, then
-one ``INSERT ... SELECT FROM unnest(...)`` of their messages in that order, so the
-``messages_bi`` trigger draws their ids in it, each timed as one insert alone is
-(:func:`fermix.storage.postgres.messages.insert_all`). Statement by statement each append
-cost two round
-trips, and a batch's time went on them: profiled here (issue 25: 8 threads over 64
-conversations, a durable server on this machine, a loaded 2-CPU machine), a batch of 8
-took 9.9 to 11.7 ms, of which the units 4.7 to 6.1 ms (a touch 170 to 280 us and an insert
-345 to 390 us as the client waits for them, against 25 and 160 to 200 us of server time in
-``pg_stat_statements``), ``BEGIN`` and ``SET`` 0.5 to 1 ms and ``COMMIT`` (the WAL's fsync,
-0.2 to 8 ms here whatever the transaction wrote) 4.1 to 4.9 ms. Stored together, the 7
-absorbed appends take 1.7 to 2.2 ms in all (the server's part of it mostly the GIN index
-of the stems: about 0.75 ms of the 1.9 ms of an insert of 7 rows), and a batch of 8 4.6
-to 5.4 ms. An error of the run (a constraint, a value PostgreSQL cannot hold) fails it
-whole: the batch runs again unit by unit in savepoints, as for any unit's error, so the
-error reaches its own unit alone. A locked row makes the run wait no more than an
-absorbed unit does (``lock_timeout``, below): the run and the units after it go to the
-next batch.
+**A batch of appends in four statements.** A batch's plain appends in distinct
+conversations (no client key to read first, no peak to write after:
+:attr:`~fermix.storage.appending.AppendUnit.plain`) are stored together
+(:func:`_append_all`): one ``INSERT ... ON CONFLICT`` of their conversations' rows, locking
+them in queue order as their own touches would, then one ``INSERT ... SELECT`` of their
+messages in that order, so the ``messages_bi`` trigger draws their ids in it, each timed as
+one insert alone is (:func:`fermix.storage.postgres.messages.insert_all`). When the batch
+starts with one, its first unit is among them, and the transaction begins with
+:data:`NO_WAITING` in the same round trip: ``BEGIN``, the touch, the insert and ``COMMIT``
+whatever the batch's size. Their rows go out as one JSON array each, and each append's
+stems are made by its own caller before it queues (:class:`StemmedAppend`): what the
+leader does, every caller of its batch waits for.
+
+Profiled here (issue 25: 8 threads over 64 conversations, a durable server on this
+machine, a loaded 2-CPU machine): statement by statement a batch of 8 took 9.9 to 11.7 ms
+(a touch 170 to 280 us and an insert 345 to 390 us as the client waits for them, against
+25 and 160 to 200 us of server time in ``pg_stat_statements``; ``COMMIT``, the WAL's fsync,
+0.2 to 8 ms whatever the transaction wrote). With the absorbed appends stored together it
+took 4.6 to 5.4 ms, seven statements of which the leader's own work was about 1 ms: psycopg
+building the ``unnest``'s arrays (180 us for 8 rows, where ``json.dumps`` takes 20) and the
+stems (25 us an append). In four statements, with the stems made by the callers, the
+leader's work is about 0.4 ms and a batch of 8 about 2.3 ms, most of it the server's: the
+insert of 8 rows about 1.1 ms (the stems' GIN index most of it), the trigger 0.2.
+
+An error of a run (a constraint, a value PostgreSQL cannot hold) fails it whole: the batch
+runs again unit by unit in savepoints, as for any unit's error, so the error reaches its
+own unit alone, the one it would get alone. A locked row makes the run wait no more than
+an absorbed unit does (``lock_timeout``, below): the run and the units after it go to the
+next batch, or, when the run is the batch's first, the batch runs again with its first
+unit alone and waiting for its row.
 
 **No deadlock between the batches of two services.** A batch holds the row locks its units
 took until it commits (a conversation's row for each append); two batches each waiting for
 a row the other holds deadlock, and PostgreSQL aborts one after ``deadlock_timeout`` (1 s).
 So a batch waits for a lock only in its first unit, when it holds none: the units absorbed
-after it run under ``lock_timeout`` = 1 ms, and one that would wait longer
-(``LockNotAvailable``) is left out with every unit after it: the attempt is rolled back and
-runs again without them, and they go back to the front of the queue, the first of them to
-lead the next batch, where it may wait. A transaction waiting while it holds no lock cannot
+after it (and a first run of appends, its first unit among them) run under
+``lock_timeout`` = 1 ms, and one that would wait longer (``LockNotAvailable``) is left out
+with every unit after it: the attempt is rolled back and runs again without them, and
+they go back to the front of the queue, the first of them to lead the next batch, where it
+may wait. A transaction waiting while it holds no lock cannot
 be part of a cycle, and a wait that ends within 1 ms ends long before the deadlock detector
 looks, so no deadlock comes of batching: only a unit that locks two rows in the opposite
 order of another unit's could still meet one, as it would alone, and an append locks one
@@ -80,7 +90,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -91,7 +102,7 @@ from fermix.storage.appending import AppendUnit
 from fermix.storage.leaders import GroupCommit, Unit
 from fermix.storage.postgres.connection import Conn, pipeline, remote, send, settle
 from fermix.storage.postgres.conversations import touch_all
-from fermix.storage.postgres.messages import insert_all
+from fermix.storage.postgres.messages import document, insert_all
 from fermix.storage.postgres.session import PgWrites
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 
@@ -104,6 +115,7 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 NO_WAITING: Final = "SET LOCAL lock_timeout = '1ms'"
 """Sent after a batch's first unit: the units absorbed after it do not wait for a lock."""
 Work = Callable[[PgWrites], Any]
+T = TypeVar("T")
 
 
 class PgCommitter(GroupCommit):
@@ -154,14 +166,17 @@ class PgCommitter(GroupCommit):
 
     def _attempt(self, batch: list[Unit]) -> None:
         absorb = True
+        first_waits = False
         while True:
             conn = self._connection()
             left: int | None = None
+            grouped = False
             try:
                 with pipeline(conn) if self._pipelined else contextlib.nullcontext():
-                    send(conn, "BEGIN")
+                    grouped = not first_waits and _plain_append(batch[0]) is not None
+                    self._begin(conn, waiting=not grouped)
                     self._session.drop_known()
-                    left = self._run(conn, batch, absorb=absorb)
+                    left = self._run(conn, batch, absorb=absorb, grouped=grouped)
                     if left is None:
                         send(conn, "COMMIT")
             except TRANSIENT_ERRORS:
@@ -169,9 +184,15 @@ class PgCommitter(GroupCommit):
                 raise
             except Exception as exc:  # noqa: BLE001 - a unit failed: isolate it, or hand it back
                 self._rollback()
-                if len(batch) == 1 and not isinstance(exc, psycopg.errors.UniqueViolation):
+                if (
+                    len(batch) == 1
+                    and not grouped
+                    and not isinstance(exc, psycopg.errors.UniqueViolation)
+                ):
                     batch[0].fail(exc, psycopg.Error)
                 else:
+                    # A run's error is its units' to sort out: run alone, in a savepoint,
+                    # each gets the error it would get alone (a NUL in its text, say).
                     self._commit_isolated(batch)
                 return
             except BaseException:
@@ -179,34 +200,63 @@ class PgCommitter(GroupCommit):
                 raise
             if left is None:
                 break
-            # Run again without the units that would have waited, absorbing no more.
             self._rollback()
+            if left == 0:
+                # A row of the batch's first run was locked: its first unit waits for its
+                # own, holding none, then the others run as absorbed units do.
+                log.debug("a row of the batch's first run is locked: its first unit waits")
+                first_waits = True
+                continue
+            # Run again without the units that would have waited, absorbing no more.
             self._defer(batch, left)
             absorb = False
         for unit in batch:
             unit.ok = True
 
-    def _run(self, conn: Conn, batch: list[Unit], *, absorb: bool) -> int | None:
+    def _begin(self, conn: Conn, *, waiting: bool) -> None:
+        """Open the batch's transaction; unless ``waiting`` (its first unit may wait for a
+        lock), with :data:`NO_WAITING` from the start, in the same round trip when the
+        batch is not pipelined (one simple query of two statements)."""
+        if waiting:
+            send(conn, "BEGIN")
+        elif self._pipelined:
+            send(conn, "BEGIN")
+            send(conn, NO_WAITING)
+        else:
+            conn.execute(f"BEGIN; {NO_WAITING}")
+
+    def _run(self, conn: Conn, batch: list[Unit], *, absorb: bool, grouped: bool) -> int | None:
         """Run the batch's units, then (with ``absorb``) those queued meanwhile; return the
         index of the first unit that would have waited for a lock (it and those after it
-        are to be left out), or None when all ran. A run of plain appends after the first
-        unit is stored together (:func:`_append_all`)."""
+        are to be left out; 0: a row of the first run, which then runs with its first unit
+        alone and waiting), or None when all ran.
+
+        A run of plain appends is stored together (:func:`_append_all`): with ``grouped``
+        the batch starts with one, its first unit among them (the transaction began with
+        :data:`NO_WAITING`: a batch of appends in four statements, ``BEGIN``, the touch,
+        the insert and ``COMMIT``, whatever its size); otherwise the first unit runs alone,
+        waiting for its rows as long as it must, and the runs come after it."""
         session = self._session
-        batch[0].value = batch[0].work(session)  # a result, not an outcome until committed
-        ran = 1
+        ran = 0
+        if grouped and absorb and self._queue:
+            self._absorb(batch)  # those queued as the transaction began join the first run
+        if not grouped:
+            batch[0].value = batch[0].work(session)  # a result, not an outcome until committed
+            ran = 1
         while ran < len(batch) or (absorb and self._queue and self._absorb(batch)):
-            if ran == 1:
+            if ran == 1 and not grouped:
                 send(conn, NO_WAITING)
             index = ran
             while index < len(batch):
                 appends = _plain_run(batch, index)
                 try:
-                    if len(appends) > 1:
+                    if len(appends) > 1 or (grouped and index == 0):
                         for unit, result in zip(
                             batch[index:], _append_all(conn, session, appends), strict=False
                         ):
                             unit.value = result
-                        self.grouped += len(appends)
+                        if len(appends) > 1:
+                            self.grouped += len(appends)
                     else:
                         batch[index].value = batch[index].work(session)
                         settle(conn)  # its statements' errors are its own
@@ -284,21 +334,56 @@ class PgCommitter(GroupCommit):
             self._session.drop_known()
 
 
-def _plain_run(batch: list[Unit], start: int) -> list[AppendUnit]:
+@dataclass(frozen=True, slots=True)
+class StemmedAppend:
+    """A plain append (:attr:`AppendUnit.plain`) with its message's stems, made by its
+    caller before it queued (:func:`stemmed`): the leader of a batch, every caller of which
+    waits on it, then does not make them (about 25 us an append on this machine), and the
+    callers make theirs while the batch before theirs waits on the server."""
+
+    unit: AppendUnit
+    stems: str
+
+    def __call__(self, writes: PgWrites) -> AppendResult:
+        return self.unit(writes)
+
+
+def stemmed(unit: Callable[[Any], T]) -> Callable[[Any], T]:
+    """``unit``, as a :class:`StemmedAppend` when it is a plain append."""
+    if isinstance(unit, AppendUnit) and unit.plain:
+        new = unit.new
+        return StemmedAppend(unit, document(new.content, new.key, new.owner_id))  # type: ignore[return-value]
+    return unit
+
+
+def _plain_append(unit: Unit) -> tuple[AppendUnit, str | None] | None:
+    """``unit``'s append and its stems (None: not made yet) when it is a plain append."""
+    work = unit.work
+    if isinstance(work, StemmedAppend):
+        return work.unit, work.stems
+    if isinstance(work, AppendUnit) and work.plain:
+        return work, None
+    return None
+
+
+def _plain_run(batch: list[Unit], start: int) -> list[tuple[AppendUnit, str | None]]:
     """The run of plain appends (:attr:`AppendUnit.plain`) in distinct conversations that
-    starts at ``batch[start]`` (empty when that unit is none)."""
+    starts at ``batch[start]`` (empty when that unit is none), each with its stems when
+    made."""
     keys: set[ConversationKey] = set()
-    run: list[AppendUnit] = []
+    run: list[tuple[AppendUnit, str | None]] = []
     for unit in batch[start:]:
-        work = unit.work
-        if not (isinstance(work, AppendUnit) and work.plain) or work.new.key in keys:
+        append = _plain_append(unit)
+        if append is None or append[0].new.key in keys:
             break
-        keys.add(work.new.key)
-        run.append(work)
+        keys.add(append[0].new.key)
+        run.append(append)
     return run
 
 
-def _append_all(conn: Conn, session: PgWrites, appends: list[AppendUnit]) -> list[AppendResult]:
+def _append_all(
+    conn: Conn, session: PgWrites, appends: list[tuple[AppendUnit, str | None]]
+) -> list[AppendResult]:
     """Run ``appends`` (plain, in distinct conversations) as each would run alone, in two
     statements for all: their conversations touched in their order (each row then locked,
     as by one touch), their messages inserted in their order (ids drawn in it). In a
@@ -309,6 +394,11 @@ def _append_all(conn: Conn, session: PgWrites, appends: list[AppendUnit]) -> lis
     knows of those rows is dropped: a later unit of the batch that gives one of them its
     earlier owner or trust back touches it again."""
     session.drop_known()
-    touch_all(conn, [(a.new.key, a.owner_id, a.trust) for a in appends])
-    stored = insert_all(conn, [a.new for a in appends])
+    touch_all(conn, [(a.new.key, a.owner_id, a.trust) for a, _ in appends])
+    news = [a.new for a, _ in appends]
+    documents = [
+        document(new.content, new.key, new.owner_id) if stems is None else stems
+        for new, (_, stems) in zip(news, appends, strict=True)
+    ]
+    stored = insert_all(conn, news, documents)
     return [AppendResult(message, replayed=False) for message in stored]

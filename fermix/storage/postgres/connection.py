@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeAlias
 
 import psycopg
+import psycopg.errors
 from psycopg import pq
 from psycopg.rows import TupleRow
 
@@ -76,7 +78,8 @@ def send(conn: Conn, sql: str, params: Params = ()) -> None:
     the next statement read, and its error (a constraint, a lock timeout) is raised there
     or by :func:`settle`; otherwise at once."""
     try:
-        conn.execute(sql, params)
+        with _drained_on_error(conn):
+            conn.execute(sql, params)
     except psycopg.DataError as exc:
         raise _input_error(exc) from None
 
@@ -89,10 +92,28 @@ def settle(conn: Conn) -> None:
         open_pipeline.sync()
 
 
+@contextlib.contextmanager
+def _drained_on_error(conn: Conn) -> Iterator[None]:
+    """In a :func:`pipeline`, a statement's error can reach the client while a later one is
+    being sent (a lock timeout taking longer than the thread took to send the next), and
+    is raised there; the later ones were aborted with it, and their results, still to be
+    read, would make the pipeline's end raise ``PipelineAborted`` instead of the error
+    the caller handles (a lock timeout defers a unit). So their results are read now."""
+    try:
+        yield
+    except psycopg.Error:
+        open_pipeline = _pipelines.get(conn)
+        if open_pipeline is not None:
+            with contextlib.suppress(psycopg.errors.PipelineAborted):
+                open_pipeline.sync()
+        raise
+
+
 def _run(conn: Conn, sql: str, params: Params) -> psycopg.Cursor[TupleRow]:
     """Run ``sql`` and wait for its result (and the results of those sent before it)."""
     try:
-        cursor = conn.execute(sql, params)
+        with _drained_on_error(conn):
+            cursor = conn.execute(sql, params)
         open_pipeline = _pipelines.get(conn)
         if open_pipeline is not None:
             open_pipeline.sync()
@@ -117,6 +138,13 @@ def execute(conn: Conn, sql: str, params: Params = ()) -> int:
     """Run one statement; return how many rows it changed (SQLite's ``changes()``). When
     the count does not matter, :func:`send` saves the round trip in a pipeline."""
     return _run(conn, sql, params).rowcount
+
+
+def rows_param(rows: Sequence[Sequence[Any]]) -> str:
+    """``rows`` as one JSON array of arrays, for a statement that reads them with
+    ``jsonb_array_elements``. A text PostgreSQL cannot hold (a NUL) fails the statement,
+    as it would in its own column; a lone surrogate cannot be sent, as in any parameter."""
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
 
 
 def _input_error(exc: psycopg.DataError) -> Exception:

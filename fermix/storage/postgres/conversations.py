@@ -13,12 +13,11 @@ group commit's, :mod:`fermix.storage.postgres.committer`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from fermix.clock import now_ms
 from fermix.model import ConversationKey, check_trust
 from fermix.storage import conversations
-from fermix.storage.postgres.connection import Conn, send
+from fermix.storage.postgres.connection import Conn, rows_param, send
 from fermix.storage.sql import Sql
 
 
@@ -51,8 +50,9 @@ def release_review(sql: Sql, key: ConversationKey, *, token: str) -> bool:
 _TOUCH_ALL = (
     "INSERT INTO conversations AS c (agent_id, channel, chat_id, thread_scope, owner_id, trust,"
     " created_at, updated_at)"
-    " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[],"
-    " %s::text[], %s::bigint[], %s::bigint[])"
+    " SELECT e.r->>0, e.r->>1, e.r->>2, e.r->>3, e.r->>4, e.r->>5, (e.r->>6)::bigint,"
+    " (e.r->>6)::bigint FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n)"
+    " ORDER BY e.n"
     " ON CONFLICT (agent_id, channel, chat_id, thread_scope) DO UPDATE SET"
     " owner_id = excluded.owner_id, trust = excluded.trust, updated_at = excluded.updated_at"
     " WHERE c.owner_id IS DISTINCT FROM excluded.owner_id"
@@ -67,9 +67,5 @@ def touch_all(conn: Conn, rows: Sequence[tuple[ConversationKey, str, str]]) -> N
     for _, _, trust in rows:
         check_trust(trust)
     ts = now_ms()
-    columns: list[list[Any]] = [[], [], [], [], [], []]
-    for key, owner_id, trust in rows:
-        for column, value in zip(columns, (*key.as_tuple(), owner_id, trust), strict=True):
-            column.append(value)
-    stamps = [ts] * len(rows)
-    send(conn, _TOUCH_ALL, (*columns, stamps, stamps))
+    sent = [(*key.as_tuple(), owner_id, trust, ts) for key, owner_id, trust in rows]
+    send(conn, _TOUCH_ALL, (rows_param(sent),))

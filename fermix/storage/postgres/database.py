@@ -3,8 +3,10 @@
 
 Reads run on a ``psycopg_pool`` pool of autocommit connections (each statement sees every
 commit made before it, as a SQLite read outside a transaction does); writes run through the
-process's group commit (:class:`~fermix.storage.postgres.committer.PgCommitter`) on a connection
-of its own. Opening migrates the database (:mod:`fermix.storage.postgres.migrations`), once
+process's group commits (:class:`~fermix.storage.postgres.committer.PgCommitter`), each on a
+connection of its own: appends on their conversation's lane (:meth:`PgDatabase.append`,
+:data:`WRITERS` lanes by default), every other write on the first, an erasure's steps aside
+(:meth:`PgDatabase.write_aside`). Opening migrates the database (:mod:`fermix.storage.postgres.migrations`), once
 whichever of several services starting together gets there first.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -20,18 +22,23 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from fermix.errors import StorageError
+from fermix.model import ConversationKey
+from fermix.storage.appending import AppendUnit
 from fermix.storage.database import GroupCommitted, unknowing
-from fermix.storage.leaders import CommitObserver, CommitStats
+from fermix.storage.leaders import CommitObserver, CommitStats, GroupCommit
 from fermix.storage.passwords import scrubbed
 from fermix.storage.port import Inspection, Purge, Writes
 from fermix.storage.postgres import health, purging
-from fermix.storage.postgres.committer import PgCommitter
+from fermix.storage.postgres.committer import PgCommitter, stemmed
 from fermix.storage.postgres.connection import Conn
 from fermix.storage.postgres.migrations import check_version, migrate
 from fermix.storage.postgres.session import PgReads
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 
 T = TypeVar("T")
+
+WRITERS = 2
+"""Group commits the appends of one process run on, side by side (:meth:`PgDatabase.append`)."""
 
 
 def connect(url: str) -> Conn:
@@ -49,9 +56,12 @@ class PgDatabase(GroupCommitted):
         url: str,
         *,
         readers: int = 4,
+        writers: int = WRITERS,
         retry: RetryPolicy = DEFAULT_RETRY,
         max_batch: int = 512,
     ) -> None:
+        if writers < 1:
+            raise ValueError(f"writers must be at least 1, not {writers}")
         self.url = url
         self.name = describe(url)
         try:
@@ -67,9 +77,16 @@ class PgDatabase(GroupCommitted):
             conn.close()
         self._committer = PgCommitter(lambda: connect(url), retry=retry, max_batch=max_batch)
         self._retry = retry
+        self._max_batch = max_batch
+        self._lanes: list[PgCommitter | None] = [self._committer] + [None] * (writers - 1)
+        """The appends' group commits (:meth:`append`), each on a connection of its own; the
+        first is the group commit every other write goes through, the others are made on
+        first use."""
         self._aside: PgCommitter | None = None
         """The committer of :meth:`write_aside`, on a connection of its own (made on first use)."""
         self._aside_lock = threading.Lock()
+        """Guards making the aside committer and the lanes, and ``_closing``."""
+        self._closing = False
         self._observer: CommitObserver | None = None
         self._readers: ConnectionPool[Conn] = ConnectionPool(
             url,
@@ -107,7 +124,9 @@ class PgDatabase(GroupCommitted):
         db.url = url
         db.name = name
         db._committer = None
+        db._lanes = [None]
         db._aside = None
+        db._closing = False
         db._aside_lock = threading.Lock()
         db._observer = None
         db._readers = ConnectionPool(
@@ -151,37 +170,102 @@ class PgDatabase(GroupCommitted):
         is retried as the group commit's are."""
         self._writer(label)  # refused when opened for inspection
         with self._aside_lock:
+            if self._closing:
+                raise StorageError("the database writer is closed")
             if self._aside is None:
-                url = self.url
-                self._aside = PgCommitter(lambda: connect(url), retry=self._retry, max_batch=1)
-                self._aside.observer = self._observer
+                self._aside = self._opened_committer(1)
             aside = self._aside
         return aside.run(unknowing(unit), label=label)
 
+    def append(self, unit: Callable[[Writes], T], *, label: str) -> T:
+        """:meth:`write` for an append, on its conversation's lane: one of ``writers`` group
+        commits, each on a connection of its own (issue 25).
+
+        One group commit runs its batches one after another, each statement waiting for
+        the one before and each batch for its ``COMMIT``'s fsync; the server's backends
+        would run them side by side, and PostgreSQL already lets one WAL flush carry the
+        commits of all the backends waiting for it. So a process's appends are spread over
+        lanes by conversation (always the same lane for one conversation: its appends queue
+        behind each other, and a batch finds its rows free), as the appends of that many
+        services would be: what keeps two batches of two services from deadlocking (the
+        committer's module) keeps two lanes from it. A conversation's appends stay in call
+        order as before: :class:`~fermix.runtime.writer.Writer` holds the conversation's
+        order lock until its append commits. Every other write, and the appends of
+        :meth:`append_each`, go through the first lane."""
+        return self._lane(unit, label).run(stemmed(unit), label=label)
+
+    def append_each(
+        self, units: Sequence[tuple[Callable[[Writes], T], str]]
+    ) -> list[tuple[bool, T | BaseException]]:
+        """:meth:`append` of each of ``units``, in order, sharing commits, on the first lane
+        (one caller, one thread: the memory server's batch of concurrent requests)."""
+        return self._writer("writes").run_many([(stemmed(unit), label) for unit, label in units])
+
+    def _lane(self, unit: Callable[[Writes], T], label: str) -> GroupCommit:
+        """The group commit of ``unit``: its conversation's lane for an append, the first
+        lane for any other unit (made on first use)."""
+        first = self._writer(label)
+        lanes = self._lanes
+        if len(lanes) == 1 or not isinstance(unit, AppendUnit):
+            return first
+        index = self.lane_of(unit.new.key)
+        lane = lanes[index]
+        if lane is None:
+            with self._aside_lock:
+                if self._closing:
+                    raise StorageError("the database writer is closed")
+                lane = lanes[index]
+                if lane is None:
+                    lane = lanes[index] = self._opened_committer(self._max_batch)
+        return lane
+
+    def lane_of(self, key: ConversationKey) -> int:
+        """The lane the appends of ``key`` go to (0 to ``writers`` - 1), in this process."""
+        return hash(key) % len(self._lanes)
+
+    def _opened_committer(self, max_batch: int) -> PgCommitter:
+        """A group commit on a new connection, told what the first is told (O1)."""
+        url = self.url
+        committer = PgCommitter(lambda: connect(url), retry=self._retry, max_batch=max_batch)
+        committer.observer = self._observer
+        return committer
+
+    def _committers(self) -> list[PgCommitter]:
+        """The group commits made so far: the lanes, then the aside committer."""
+        made = [lane for lane in self._lanes if lane is not None]
+        return made if self._aside is None else [*made, self._aside]
+
+    @property
+    def commits(self) -> int:
+        """Write transactions committed so far, on every lane and aside."""
+        return sum(committer.batches for committer in self._committers())
+
     def observe(self, observer: CommitObserver) -> None:
-        """Tell ``observer`` of the retries and failures of the group commit and of the
-        aside committer (O1)."""
-        super().observe(observer)
+        """Tell ``observer`` of the retries and failures of every group commit: the lanes
+        and the aside committer (O1)."""
         with self._aside_lock:
             self._observer = observer
-            if self._aside is not None:
-                self._aside.observer = observer
+            for committer in self._committers():
+                committer.observer = observer
 
     def commit_stats(self) -> CommitStats:
-        """What the group commit and the aside committer (the erasures' steps) did so far,
-        counted together, and the writes queued behind them (O1)."""
+        """What the lanes and the aside committer (the erasures' steps) did so far, counted
+        together, and the writes queued behind them (O1)."""
         stats = super().commit_stats()
-        aside = self._aside
-        return stats if aside is None else stats.plus(aside.stats())
+        for committer in self._committers()[1:]:
+            stats = stats.plus(committer.stats())
+        return stats
 
     def close(self) -> None:
-        """Finish the queued writes (the aside committer's first), then close every
-        connection."""
+        """Finish the queued writes (the aside committer's and the other lanes' first), then
+        close every connection."""
         try:
             with self._aside_lock:
-                aside, self._aside = self._aside, None
-            if aside is not None:
-                aside.close()
+                self._closing = True
+                others = self._committers()[1:] if self._committer is not None else []
+                self._aside = None
+            for committer in others:
+                committer.close()
         finally:
             super().close()
 
