@@ -14,6 +14,8 @@ from _backends_work import Run, Searches, same_hits
 from rich.console import Console
 from rich.table import Table
 
+from fermix.storage.postgres.database import WRITERS
+
 ADAPTERS = ("sqlite", "pg")
 PROCESS_COUNTS = (1, 2, 4)
 TARGET_PROCESS_SCALING, TARGET_SEARCH_GROWTH = 1.5, 2.0
@@ -125,6 +127,7 @@ def figures(
         r["memory_compact_own_ms_pg"], r["memory_compact_own_ms_sqlite"]
     )
     r["settings_pg"] = server_settings
+    r["fermix_pg_writers"] = WRITERS  # the lanes of group commits fermix's appends run on
     r["settings_sqlite"] = sqlite_conf
     r["loadavg_start"], r["loadavg_end"] = load
     r["quick"] = quick
@@ -254,7 +257,8 @@ def render(console: Console, r: dict[str, Any]) -> None:
         f"PostgreSQL {pg['server_version']}: fsync={pg['fsync']}, synchronous_commit="
         f"{pg['synchronous_commit']}, full_page_writes={pg['full_page_writes']},"
         f" wal_sync_method={pg['wal_sync_method']}, commit_delay={pg['commit_delay']},"
-        f" shared_buffers={pg['shared_buffers']}; Unix socket. SQLite {lite['sqlite_version']}:"
+        f" shared_buffers={pg['shared_buffers']}; Unix socket; fermix appends on"
+        f" {r['fermix_pg_writers']} lanes of group commits. SQLite {lite['sqlite_version']}:"
         f" journal_mode={lite['journal_mode']}, synchronous={lite['synchronous']} (the FULL"
         f" column: synchronous=FULL). Load average {r['loadavg_start']:.2f} →"
         f" {r['loadavg_end']:.2f}",
