@@ -51,8 +51,8 @@ Ordering the candidates by bm25 over the scope (:func:`preselect`) instead of FT
 fermix beats the porter baseline on each conversation run alone (R@10 +3.3 to +5.3).
 Candidates: 100 give 60.7 R@10, 200 give 62.8, 250 and more 62.9. A search costs p50
 6.1 ms, p99 12.5 ms on a shared 2-CPU machine, against 1.5 / 2.9 ms for FTS5's bm25 alone
-on the same table; :func:`rank` takes about two thirds of it (tokenizing the candidates,
-their token sets, two scoring passes).
+on the same table; :func:`rank` takes about two thirds of it (tokenizing the candidates and
+two scoring passes).
 
 Tried and not kept (same data; within about one point is noise at 760 questions): prefix
 queries (``"word"*`` for words of 4 to 8 letters: -0.4 to +0.3 R@10); a bonus for rows
@@ -71,12 +71,14 @@ import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 from typing import cast
 
 import apsw
+import numpy as np
+from numpy.typing import NDArray
 
 # The tokenizer of messages_fts and memories_fts in schema.sql; rank() must split text
 # exactly as the tables do.
@@ -195,33 +197,76 @@ def tokenizer(conn: apsw.Connection) -> Tokenize:
 _SEPARATOR = "\ue000"
 
 
-def _tokenize_each(documents: Sequence[str], tokenize: Tokenize) -> list[tuple[str, ...]]:
-    """Each document's tokens, from one tokenizer call: per call overhead dominates short rows.
+@dataclass(frozen=True, slots=True)
+class Matched:
+    """Rows that matched a search, tokenized once for :func:`preselect` and :func:`rank`:
+    how often each query token occurs in each row (``counts[k, i]``: token ``k`` of the
+    query given to :func:`tokenize_matches`, row ``i``), each row's length in tokens, and
+    the rows' tokens as one flat tuple, of which :meth:`tokens` cuts out a row's."""
 
-    The documents are joined by :data:`_SEPARATOR` (removed from them first) and the tokens
-    split there again; a tokenizer that does not keep the separator is called per document.
-    Each document's tokens are a tuple: Python's garbage collector stops tracking a tuple
-    of strings at its first look, so the hundreds a search holds are not promoted to the
-    oldest generation, whose full collections then come less often (bench/recall.py's
-    owner search at 1,000,000 messages: 8 full collections in 320 searches, 10 with lists).
+    counts: NDArray[np.float64]
+    lengths: NDArray[np.int64]
+    flat: tuple[str, ...]
+    starts: NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def take(self, rows: Sequence[int]) -> Matched:
+        """The :class:`Matched` of ``rows`` alone, in that order."""
+        lengths = self.lengths[list(rows)]
+        flat = tuple(chain.from_iterable(self.tokens(rows)))
+        return Matched(self.counts[:, list(rows)], lengths, flat, np.cumsum(lengths) - lengths)
+
+    def tokens(self, rows: Iterable[int]) -> list[tuple[str, ...]]:
+        """The tokens of each of ``rows``, as :func:`tokenize_each` gives them."""
+        starts = self.starts.tolist()
+        ends = (self.starts + self.lengths).tolist()
+        return [self.flat[starts[i] : ends[i]] for i in rows]
+
+
+def tokenize_matches(documents: Sequence[str], query: Sequence[str], tokenize: Tokenize) -> Matched:
+    """The :class:`Matched` of ``documents`` (their first :data:`MAX_RANKED_CHARS`
+    characters each) for the query tokens ``query``.
+
+    The documents are joined by :data:`_SEPARATOR` (removed from them first) and tokenized
+    by one call: per call overhead dominates short rows. One C-level pass of a dict over the
+    tokens then finds both the separators and the query's tokens, and numpy counts them per
+    row, so no Python object is made per row: a row's tuple of tokens is cut out only for
+    the candidates :func:`rank` re-scores (:meth:`Matched.take`). With :func:`preselect`
+    and :func:`rank` scoring a term at a time, the ranking of an owner's search at
+    1,000,000 messages (bench/recall.py's 300 questions) costs p50 2.25 / p99 5.4 ms of
+    CPU, against 2.9 / 7.4 ms with a tuple, a ``Counter`` and a set per row, and 1.6 ms
+    less where over 600 rows match. A tokenizer that does not keep the separator is called
+    per document.
     """
+    n = len(documents)
+    if n == 0:
+        none = np.zeros(0, dtype=np.int64)
+        return Matched(np.zeros((len(query), 0)), none, (), none)
     texts = [doc[:MAX_RANKED_CHARS].replace(_SEPARATOR, " ") for doc in documents]
-    if not texts:
-        return []
-    joined = tuple(tokenize(f" {_SEPARATOR} ".join(texts)))
-    out: list[tuple[str, ...]] = []
-    start = 0
-    for _ in range(len(texts) - 1):
-        try:
-            end = joined.index(_SEPARATOR, start)
-        except ValueError:
-            return [tuple(tokenize(text)) for text in texts]
-        out.append(joined[start:end])
-        start = end + 1
-    out.append(joined[start:])
-    if _SEPARATOR in out[-1]:
-        return [tuple(tokenize(text)) for text in texts]
-    return out
+    # The separator's code is len(query); a query token that is the separator itself is
+    # in no document (it was removed from them) and keeps a count of 0.
+    code = {term: k for k, term in enumerate(query) if term != _SEPARATOR}
+    code[_SEPARATOR] = len(query)
+    flat = tuple(tokenize(f" {_SEPARATOR} ".join(texts)))
+    codes = np.fromiter(map(code.get, flat, repeat(-1)), np.int64, len(flat))
+    separators = codes == len(query)
+    cuts = np.flatnonzero(separators)
+    if len(cuts) == n - 1:
+        starts = np.concatenate(([0], cuts + 1)).astype(np.int64)
+        lengths = np.diff(np.concatenate((starts, [len(flat) + 1]))) - 1
+        row = np.cumsum(separators)  # a token's row: the separators before it
+    else:
+        each = [tuple(tokenize(text)) for text in texts]
+        flat = tuple(chain.from_iterable(each))
+        lengths = np.fromiter(map(len, each), np.int64, n)
+        starts = np.cumsum(lengths) - lengths
+        row = np.repeat(np.arange(n, dtype=np.int64), lengths)
+        codes = np.fromiter(map(code.get, flat, repeat(-1)), np.int64, len(flat))
+    held = (codes >= 0) & (codes < len(query))
+    counts = np.bincount(codes[held] * n + row[held], minlength=len(query) * n)
+    return Matched(counts.reshape(len(query), n).astype(np.float64), lengths, flat, starts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,43 +290,42 @@ def query_tokens(text: str, tokenize: Tokenize) -> list[str]:
 
 
 def tokenize_each(documents: Sequence[str], tokenize: Tokenize) -> list[tuple[str, ...]]:
-    """Each of ``documents``' tokens (its first :data:`MAX_RANKED_CHARS` characters), as
-    :func:`rank` and :func:`preselect` see them."""
-    return _tokenize_each(documents, tokenize)
+    """Each document's tokens (its first :data:`MAX_RANKED_CHARS` characters), from one
+    tokenizer call (:func:`tokenize_matches`). Each document's tokens are a tuple: Python's
+    garbage collector stops tracking a tuple of strings at its first look, so the hundreds
+    a search holds are not promoted to the oldest generation, whose full collections then
+    come less often (bench/recall.py's owner search at 1,000,000 messages: 8 full
+    collections in 320 searches, 10 with lists)."""
+    return tokenize_matches(documents, (), tokenize).tokens(range(len(documents)))
 
 
-def preselect(
-    text: str, tokens: Sequence[Sequence[str]], *, scope_rows: int, keep: int, tokenize: Tokenize
-) -> list[int]:
-    """The indices of the best ``keep`` of the tokenized ``tokens`` (rows that matched
-    ``text``), best first; rows that tie keep their order.
+def preselect(found: Matched, *, scope_rows: int, keep: int) -> list[int]:
+    """The indices of the best ``keep`` of the matched rows ``found``, best first; rows that
+    tie keep their order.
 
     The score is FTS5's own ``bm25()`` (k1 1.2, b 0.75, idf ``log((N - n + 0.5) /
     (n + 0.5))``, at least 1e-6) with the statistics of the searched scope instead of the
-    whole table: N is ``scope_rows``, n the number of ``tokens`` holding the term (every
-    row of the scope that holds it, when ``tokens`` are all the scope's matches) and the
-    average length that of ``tokens``. It orders the candidates :func:`rank` re-scores,
+    whole table: N is ``scope_rows``, n the number of rows of ``found`` holding the term
+    (every row of the scope that holds it, when ``found`` are all the scope's matches) and
+    the average length that of ``found``. It orders the candidates :func:`rank` re-scores,
     as FTS5's ``bm25()`` ordering over the whole table did before the search was bounded
-    by its scope (schema migration 7).
+    by its scope (schema migration 7). Each query token is one numpy pass over the rows.
     """
-    query = query_tokens(text, tokenize)
-    if not tokens or not query:
-        return list(range(min(len(tokens), keep)))
-    rows = max(scope_rows, len(tokens))
-    wanted = set(query)
-    counts = [Counter(filter(wanted.__contains__, found)) for found in tokens]
-    df = Counter(chain.from_iterable(counts))
-    avg_len = max(sum(map(len, tokens)) / len(tokens), 1.0)
+    n = len(found)
+    if n == 0 or len(found.counts) == 0:
+        return list(range(min(n, keep)))
+    rows = max(scope_rows, n)
     k1, b = 1.2, 0.75
-    idf = {term: max(math.log((rows - df[term] + 0.5) / (df[term] + 0.5)), 1e-6) for term in wanted}
-    scores = [
-        sum(
-            idf[term] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(found) / avg_len))
-            for term, tf in count.items()
-        )
-        for found, count in zip(tokens, counts, strict=True)
-    ]
-    return sorted(range(len(tokens)), key=lambda i: -scores[i])[:keep]
+    norms = k1 * (1 - b + b * found.lengths / max(int(found.lengths.sum()) / n, 1.0))
+    scores = np.zeros(n, dtype=np.float64)
+    for tf in found.counts:
+        df = int(np.count_nonzero(tf))
+        if df:
+            # math.log, as the idf of rank(): numpy's may differ in the last bit.
+            idf = max(math.log((rows - df + 0.5) / (df + 0.5)), 1e-6)
+            scores += np.where(tf > 0, idf * tf * (k1 + 1) / (tf + norms), 0.0)
+    order: list[int] = np.argsort(-scores, kind="stable")[:keep].tolist()
+    return order
 
 
 def rank(
@@ -291,49 +335,76 @@ def rank(
     scope_rows: int,
     tokenize: Tokenize,
     ranking: Ranking = DEFAULT_RANKING,
-    tokens: Sequence[Sequence[str]] | None = None,
+    matched: Matched | None = None,
 ) -> list[float]:
     """A relevance score (higher is better) for each of ``documents`` against ``text``.
 
     ``documents`` are the candidate rows of the FTS5 match, ``scope_rows`` how many rows
     the search covers (one conversation, one agent): idf is taken over that scope, not over
     the whole table. Scores are bm25 with :class:`Ranking`'s parameters, after one round of
-    pseudo-relevance feedback. ``tokens``, when given, are the documents' tokens from
-    :func:`tokenize_each` (they are not tokenized again).
+    pseudo-relevance feedback. ``matched``, when given, is the documents'
+    :func:`tokenize_matches` for :func:`query_tokens` (they are not tokenized again).
+
+    Each term's score is one numpy pass over the documents: the query's from the counts
+    of ``matched``, the feedback's from one C-level pass of a dict over the documents'
+    tokens, so no Python object is made per document. Each document's score adds its
+    terms in the query's order, then the feedback's: documents whose scores are equal in
+    exact arithmetic are equal to the last bit, and keep their order.
     """
-    query = dict.fromkeys(tokenize(" ".join(terms(text))), 1.0)
+    query = query_tokens(text, tokenize)
     if not query or not documents:
         return [0.0] * len(documents)
-    tokens = _tokenize_each(documents, tokenize) if tokens is None else tokens
-    distinct = [set(found) for found in tokens]
-    df = Counter(chain.from_iterable(distinct))
-    avg_len = max(sum(map(len, tokens)) / len(tokens), 1.0)
-    rows = max(scope_rows, len(documents))
+    if matched is None:
+        matched = tokenize_matches(documents, query, tokenize)
+    n = len(documents)
+    rows = max(scope_rows, n)
     k1, b = ranking.k1, ranking.b
-    norms = [k1 * (1 - b + b * len(found) / avg_len) for found in tokens]
+    lengths = matched.lengths
+    norms = k1 * (1 - b + b * lengths / max(int(lengths.sum()) / n, 1.0))
 
-    def idf(term: str) -> float:
-        n = df[term]
-        return float(max(math.log((rows - n + 0.5) / (n + 0.5)), 1e-6) ** ranking.idf_power)
+    def idf(df: int) -> float:
+        return float(max(math.log((rows - df + 0.5) / (df + 0.5)), 1e-6) ** ranking.idf_power)
 
-    def add(scores: list[float], weights: dict[str, float]) -> list[float]:
-        factors = {term: weight * idf(term) * (k1 + 1) for term, weight in weights.items()}
-        wanted = set(factors)
-        for i, found in enumerate(distinct):
-            for term in wanted.intersection(found):
-                tf = tokens[i].count(term)
-                scores[i] += factors[term] * tf / (tf + norms[i])
-        return scores
+    def add(scores: NDArray[np.float64], counts: NDArray[np.float64], weight: float) -> None:
+        for tf in counts:
+            df = int(np.count_nonzero(tf))
+            if df:
+                factor = weight * idf(df) * (k1 + 1)
+                scores += np.where(tf > 0, factor * tf / (tf + norms), 0.0)
 
-    scores = add([0.0] * len(documents), query)
+    scores = np.zeros(n, dtype=np.float64)
+    add(scores, matched.counts, 1.0)
     if ranking.feedback_rows <= 0 or ranking.feedback_weight <= 0 or ranking.feedback_terms <= 0:
-        return scores
-    best = sorted(range(len(documents)), key=lambda i: -scores[i])[: ranking.feedback_rows]
+        return scores.tolist()
+    best = np.argsort(-scores, kind="stable")[: ranking.feedback_rows].tolist()
     common = set(tokenize(" ".join(sorted(STOPWORDS))))
+    found = [Counter(tokens) for tokens in matched.tokens(best)]
+    # Each word of the best rows that may be fed back, with its count in every document.
+    words = {term: None for seen in found for term in seen if term not in common}
+    for term in query:
+        words.pop(term, None)
+    counts = _counts(matched, list(words))
+    frequency = dict(zip(words, map(int, np.count_nonzero(counts, axis=1)), strict=True))
     feedback: dict[str, float] = {}
-    for i in best:
-        for term, tf in Counter(tokens[i]).items():
-            if term not in query and term not in common:
-                feedback[term] = feedback.get(term, 0.0) + tf * idf(term)
+    for seen in found:
+        for term, tf in seen.items():
+            if term in words:
+                feedback[term] = feedback.get(term, 0.0) + tf * idf(frequency[term])
     chosen = sorted(feedback, key=lambda term: -feedback[term])[: ranking.feedback_terms]
-    return add(scores, dict.fromkeys(chosen, ranking.feedback_weight))
+    column = {term: k for k, term in enumerate(words)}
+    add(scores, counts[[column[term] for term in chosen]], ranking.feedback_weight)
+    return scores.tolist()
+
+
+def _counts(matched: Matched, words: Sequence[str]) -> NDArray[np.float64]:
+    """How often each of ``words`` (tokens) occurs in each document of ``matched``
+    (``[k, i]``: word ``k``, document ``i``)."""
+    n = len(matched)
+    code = {word: k for k, word in enumerate(words)}
+    codes = np.fromiter(map(code.get, matched.flat, repeat(-1)), np.int64, len(matched.flat))
+    at = np.flatnonzero(codes >= 0)
+    # Each found token's document: the last that starts at or before it.
+    row = np.searchsorted(matched.starts, at, side="right") - 1
+    found = np.bincount(codes[at] * n + row, minlength=len(words) * n)
+    counts: NDArray[np.float64] = found.reshape(len(words), n).astype(np.float64)
+    return counts

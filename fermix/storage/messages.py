@@ -227,15 +227,17 @@ def ranked_hits(
     ``ranked`` too (:class:`~fermix.storage.port.SearchHits`), without reading their rows.
     """
     keep = candidate_count(limit=limit, ranked=ranked)
-    tokens = fts.tokenize_each([row[1] for row in found], tokenize)
-    chosen = fts.preselect(text, tokens, scope_rows=scope_rows, keep=keep, tokenize=tokenize)
+    matched = fts.tokenize_matches(
+        [row[1] for row in found], fts.query_tokens(text, tokenize), tokenize
+    )
+    chosen = fts.preselect(matched, scope_rows=scope_rows, keep=keep)
     found = [found[i] for i in chosen]
     scores = fts.rank(
         text,
         [row[1] for row in found],
         scope_rows=scope_rows,
         tokenize=tokenize,
-        tokens=[tokens[i] for i in chosen],
+        matched=matched.take(chosen),
     )
     order = sorted(range(len(found)), key=lambda i: -scores[i])
     best = order[:limit]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import apsw
 import pytest
+import ranking_reference as reference_ranking
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -247,7 +248,67 @@ def test_t2_rank_tokenizes_each_candidate_as_the_table_does(
 ) -> None:
     tokenize = fts.tokenizer(corpus)
     expected = [tuple(tokenize(doc.replace("\ue000", " "))) for doc in documents]
-    assert fts._tokenize_each(documents, tokenize) == expected
+    assert fts.tokenize_each(documents, tokenize) == expected
+
+
+RANKED_WORDS = ("apple", "apples", "river", "piano", "the", "zebra", "garden", "gardening")
+RANKED_TEXT = st.lists(st.sampled_from(RANKED_WORDS), max_size=12).map(" ".join)
+
+
+@given(
+    documents=st.lists(st.one_of(st.text(max_size=40), RANKED_TEXT), max_size=12),
+    extra=st.lists(st.sampled_from(["river", "\ue000", "nowhere", "appl"]), max_size=3),
+)
+@settings(max_examples=200, deadline=None)
+def test_t2_tokenize_matches_counts_each_query_token_and_length_of_every_row(
+    corpus: apsw.Connection, documents: list[str], extra: list[str]
+) -> None:
+    """The counts the preselection scores by are each row's own token counts, whatever the
+    row holds (the separator, nothing at all), and its tokens those of tokenize_each."""
+    tokenize = fts.tokenizer(corpus)
+    each = fts.tokenize_each(documents, tokenize)
+    query = list(dict.fromkeys([*(t for found in each[:2] for t in found[:3]), *extra]))
+    matched = fts.tokenize_matches(documents, query, tokenize)
+    assert matched.tokens(range(len(documents))) == each
+    assert matched.lengths.tolist() == [len(found) for found in each]
+    assert matched.counts.tolist() == [[found.count(term) for found in each] for term in query]
+    picked = list(range(len(documents)))[::-2]
+    taken = matched.take(picked)
+    assert taken.tokens(range(len(picked))) == [each[i] for i in picked]
+    assert taken.counts.tolist() == [[each[i].count(term) for i in picked] for term in query]
+
+
+@given(documents=st.lists(RANKED_TEXT, max_size=30), text=RANKED_TEXT, keep=st.integers(1, 8))
+@settings(max_examples=200, deadline=None)
+def test_t2_preselect_and_rank_agree_with_the_formulas_written_row_by_row(
+    corpus: apsw.Connection, documents: list[str], text: str, keep: int
+) -> None:
+    """fts.preselect and fts.rank, array by array, give the scores and the order of the
+    documented formulas computed one row and one term at a time (tests/ranking_reference.py),
+    ties included."""
+    tokenize = fts.tokenizer(corpus)
+    tokens = fts.tokenize_each(documents, tokenize)
+    matched = fts.tokenize_matches(documents, fts.query_tokens(text, tokenize), tokenize)
+    scope_rows = len(documents) + 5
+    want = reference_ranking.order(
+        reference_ranking.preselect_scores(text, tokens, scope_rows=scope_rows, tokenize=tokenize),
+        keep,
+    )
+    chosen = fts.preselect(matched, scope_rows=scope_rows, keep=keep)
+    assert chosen == want
+    scores = fts.rank(
+        text,
+        [documents[i] for i in chosen],
+        scope_rows=scope_rows,
+        tokenize=tokenize,
+        matched=matched.take(chosen),
+    )
+    expected = reference_ranking.rank_scores(
+        text, [tokens[i] for i in chosen], scope_rows=scope_rows, tokenize=tokenize
+    )
+    assert scores == expected
+    alone = fts.rank(text, [documents[i] for i in chosen], scope_rows=scope_rows, tokenize=tokenize)
+    assert alone == expected
 
 
 # --- the mirrors follow every write (S4, S5) ------------------------------------------------

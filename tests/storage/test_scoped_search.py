@@ -12,6 +12,7 @@ from typing import Any
 
 import apsw
 import pytest
+import ranking_reference as reference_ranking
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,7 +101,8 @@ def reference(
     limit: int = 10,
 ) -> list[tuple[int, float]]:
     """Brute force: every row read, the scope filtered in Python, each query word's phrase
-    looked for in each row's tokens, then the documented ordering (fts.preselect, fts.rank)."""
+    looked for in each row's tokens, then the documented ordering written row by row
+    (tests/ranking_reference.py)."""
     if fts.build_query(text) is None or limit <= 0:
         return []
     tokenize = fts.tokenizer(conn)
@@ -112,18 +114,14 @@ def reference(
     matched = [r for r in scope if any(_holds(tokenize(r[5]), p) for p in phrases)]
     if not matched:
         return []
-    contents = [r[5] for r in matched]
-    tokens = fts.tokenize_each(contents, tokenize)
+    tokens = [tuple(tokenize(r[5][: fts.MAX_RANKED_CHARS].replace("\ue000", " "))) for r in matched]
     keep = shared.candidate_count(limit=limit, ranked=0)
-    chosen = fts.preselect(text, tokens, scope_rows=len(scope), keep=keep, tokenize=tokenize)
-    scores = fts.rank(
-        text,
-        [contents[i] for i in chosen],
-        scope_rows=len(scope),
-        tokenize=tokenize,
-        tokens=[tokens[i] for i in chosen],
+    pre = reference_ranking.preselect_scores(text, tokens, scope_rows=len(scope), tokenize=tokenize)
+    chosen = reference_ranking.order(pre, keep)
+    scores = reference_ranking.rank_scores(
+        text, [tokens[i] for i in chosen], scope_rows=len(scope), tokenize=tokenize
     )
-    best = sorted(range(len(chosen)), key=lambda i: -scores[i])[:limit]
+    best = reference_ranking.order(scores, limit)
     return [(matched[chosen[i]][0], -scores[i]) for i in best]
 
 

@@ -20,7 +20,7 @@ from fermix.model import ConversationKey, NewMessage, Scope
 from fermix.storage import conversations, jobs
 from fermix.storage import messages as message_reads
 from fermix.storage.sqlite import messages
-from fermix.storage.sqlite.connection import fetch_rows, fetch_value, transaction
+from fermix.storage.sqlite.connection import MMAP_BYTES, fetch_rows, fetch_value, transaction
 from fermix.storage.sqlite.migrations import latest_version, migrate, open_database
 from fermix.storage.sqlite.session import SqliteWrites
 from fermix.storage.sqlite.sql import SqliteSql
@@ -74,6 +74,11 @@ def test_s8_connection_uses_wal_foreign_keys_and_busy_timeout(db: apsw.Connectio
     assert fetch_value(db, "PRAGMA foreign_keys") == 1
     assert fetch_value(db, "PRAGMA busy_timeout") > 0
     assert fetch_value(db, "PRAGMA synchronous") == 1  # NORMAL
+
+
+def test_s8_connection_reads_the_file_through_a_memory_map(db: apsw.Connection) -> None:
+    """A search's scattered pages are read in place, not copied into SQLite's cache."""
+    assert fetch_value(db, "PRAGMA mmap_size") == MMAP_BYTES
 
 
 def test_s3_messages_come_back_in_order_for_their_conversation_only(db: apsw.Connection) -> None:

@@ -34,6 +34,9 @@ moment (a checkpoint or another program frees space). Anything else is not retri
 
 BUSY_TIMEOUT_MS = 5_000
 SYNCHRONOUS = "NORMAL"
+MMAP_BYTES = 1 << 30
+"""How much of the database file SQLite reads through a memory map (address space, not
+memory: the mapped pages are the operating system's own cache)."""
 
 
 def set_wal(conn: apsw.Connection) -> None:
@@ -62,6 +65,19 @@ def set_secure_delete(conn: apsw.Connection) -> None:
     """Overwrite deleted content with zeros, in the database file and its log (F3): a
     deleted row's text leaves the file with its cell, not when its page is reused."""
     conn.execute("PRAGMA secure_delete = ON")
+
+
+def set_mmap(conn: apsw.Connection, size: int = MMAP_BYTES) -> None:
+    """Read the first ``size`` bytes of the file through a memory map.
+
+    A search reads a few hundred pages scattered over the file (an owner's messages, their
+    vectors, the words' doclists); mapped, SQLite reads them in place instead of copying
+    each into its page cache: bench/recall.py's owner search at 1,000,000 messages spends
+    about 0.7 ms less CPU in SQLite (of 4.5 ms there). Writes still go through the file.
+    The database is a local file (the home directory, M10): an I/O error on a mapped page
+    would be a signal rather than an error, which SQLite's documentation names as the
+    cost, on a network file system more than on a local disk."""
+    conn.execute(f"PRAGMA mmap_size = {int(size)}").fetchall()
 
 
 def refuse_double_quoted_strings(conn: apsw.Connection) -> None:
@@ -118,6 +134,7 @@ def apply_settings(conn: apsw.Connection) -> None:
     set_foreign_keys(conn)
     set_synchronous(conn)
     set_secure_delete(conn)
+    set_mmap(conn)
 
 
 @contextlib.contextmanager
