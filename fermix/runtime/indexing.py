@@ -19,6 +19,15 @@ and after a batch during which appends came it waits again, at most ``yield_fact
 the batch's own time, so that under a steady stream of appends it takes a bounded share of
 the process and vectors still follow (bench/append.py measures appends with it on).
 
+Why it waits rather than embed beside the appends on a second core: its work is not free of
+the GIL the appends share (tokenizing one text at a time, pooling, building rows all hold
+it). Embedding ahead while appends streamed, holding the vectors and storing them when the
+appends paused, was measured (issue 25): it embedded some 1,000 of LoCoMo's 2,760 turns
+before their appends ended, but under bench/append.py's 8 appending threads their p99 went
+from 3.0-4.5 ms to 7.9-9.5 ms and their rate from 10,400-11,500 to 8,200-8,800 a second.
+The time until searchable is cut instead by what a batch costs (:mod:`fermix.embedding`'s
+pooling and token weights, one call a scope).
+
 A forked child runs none of its parent's indexers: :meth:`Indexer.stop` there joins no
 thread, and the module's registry and lock start afresh (``os.register_at_fork``).
 
@@ -289,27 +298,17 @@ class Indexer:
         if not self.embedder.counts_tokens:
             vectors = self.embedder.embed(texts)
         else:
-            scopes = {
-                scope: self.counts(
-                    reads,
-                    [scope],
-                    (t for i, p in enumerate(pending) if p.scope == scope for t in tokens[i]),
+            # Each scope in one call, its rows in parts of batch_size as batches of batch_size
+            # would be: a larger batch (next_batch) gives each row the vector it would have had.
+            for scope in dict.fromkeys(p.scope for p in pending):
+                rows = [i for i, p in enumerate(pending) if p.scope == scope]
+                counts = self.counts(reads, [scope], {t for i in rows for t in tokens[i]})
+                vectors[rows] = self.embedder.embed(
+                    [texts[i] for i in rows],
+                    tokens=[tokens[i] for i in rows],
+                    counts=counts,
+                    parts=[i // self.batch_size for i in rows],
                 )
-                for scope in dict.fromkeys(p.scope for p in pending)
-            }
-            # Counted and embedded in parts of batch_size rows, as batches of batch_size would
-            # be: a larger batch (next_batch) gives each row the vector it would have had.
-            for start in range(0, len(pending), self.batch_size):
-                part = range(start, min(start + self.batch_size, len(pending)))
-                for scope, counts in scopes.items():
-                    rows = [i for i in part if pending[i].scope == scope]
-                    if not rows:
-                        continue
-                    for i in rows:  # the part's own rows count too
-                        counts.add(tokens[i])
-                    vectors[rows] = self.embedder.embed(
-                        [texts[i] for i in rows], tokens=[tokens[i] for i in rows], counts=counts
-                    )
         blobs = to_int8(vectors)
         return [
             StoredVector(p.id, p.scope, to_blob(blobs[i]), tokens[i]) for i, p in enumerate(pending)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import operator
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -65,14 +66,13 @@ def pending_memories(rows: Iterable[Sequence[Any]]) -> list[PendingText]:
 def tally(stored: Iterable[StoredVector]) -> dict[str, dict[int, int]]:
     """The token counts the vectors ``stored`` add, by scope: each token's occurrences and,
     under :data:`TOTAL`, all of them (a scope whose vectors have no tokens: empty)."""
-    added: dict[str, dict[int, int]] = {}
+    added: dict[str, Counter[int]] = {}
     for item in stored:
-        counts = added.setdefault(item.scope, {})
-        for token in item.tokens:
-            counts[token] = counts.get(token, 0) + 1
+        counts = added.setdefault(item.scope, Counter())
+        counts.update(item.tokens)  # counted in C: this runs under the write lock
         if item.tokens:
-            counts[TOTAL] = counts.get(TOTAL, 0) + len(item.tokens)
-    return added
+            counts[TOTAL] += len(item.tokens)
+    return {scope: dict(counts) for scope, counts in added.items()}
 
 
 def split_total(rows: Iterable[Sequence[Any]]) -> tuple[dict[int, int], int]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from model_server import EMBEDDING_DIM, ModelServer
 
 from fermix import embedding
@@ -136,6 +138,50 @@ def test_q2_a_process_forked_after_using_the_embedder_embeds_and_searches(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.split("\n")[:2] == ["child ok", "parent ok"], proc.stdout + proc.stderr
+
+
+@given(
+    st.lists(st.lists(st.integers(0, 40), max_size=12), min_size=1, max_size=20),
+    st.dictionaries(st.integers(0, 40), st.integers(1, 50), max_size=20),
+    st.integers(1, 5),
+)
+def test_q1_grown_weights_are_those_of_counting_each_part_in_turn(
+    texts: list[list[int]], before: dict[int, int], part_size: int
+) -> None:
+    """The indexer's one call per batch weighs each token as the counts would after
+    each part before it and its own were added, bit for bit."""
+    counts = TokenCounts(dict(before), sum(before.values()))
+    parts = [i // part_size for i in range(len(texts))]
+    flat = np.fromiter((t for text in texts for t in text), np.int64)
+    lengths = np.array([len(text) for text in texts], np.int64)
+    grown = counts.grown(flat, lengths, parts) if len(flat) else np.zeros(0, np.float32)
+    assert counts.counts == before  # not changed
+    expected, step = TokenCounts(dict(before), sum(before.values())), []
+    for start in range(0, len(texts), part_size):
+        part = texts[start : start + part_size]
+        for text in part:
+            expected.add(text)
+        step.extend(expected.weights(np.array(text, np.int64)) for text in part)
+    assert grown.tobytes() == (np.concatenate(step) if step else np.zeros(0, np.float32)).tobytes()
+
+
+def test_q1_a_vector_is_its_tokens_weighted_sum_in_order_whatever_texts_are_beside_it() -> None:
+    texts = ["", "a cat", "The weather is nice today and tomorrow", "ok", "Mel got married in June"]
+    embedder = WordLlamaEmbedder()
+    tokens = embedder.tokens(texts)
+    counts = TokenCounts()
+    counts.add([t for text in tokens for t in text])
+    together = embedder.embed(texts, tokens=tokens, counts=counts)
+    table = embedding._wordllama()[0]
+    for i, text in enumerate(texts):
+        alone = embedder.embed([text], tokens=[tokens[i]], counts=counts)[0]
+        assert alone.tobytes() == together[i].tobytes()
+        total = np.zeros(table.shape[1], np.float32)
+        weights = counts.weights(np.array(tokens[i], np.int64))
+        for token, weight in zip(tokens[i], weights, strict=True):
+            total = total + table[token] * weight  # one token after another
+        assert together[i].tobytes() == embedding._unit(total[None, :])[0].tobytes()
+    assert not together[0].any()  # no token: zeros
 
 
 def test_q1_rarity_weights_lower_the_tokens_a_scope_repeats() -> None:
