@@ -6,8 +6,9 @@ commit made before it, as a SQLite read outside a transaction does); writes run 
 process's group commits (:class:`~fermix.storage.postgres.committer.PgCommitter`), each on a
 connection of its own: appends on their conversation's lane (:meth:`PgDatabase.append`,
 :data:`WRITERS` lanes by default), every other write on the first, an erasure's steps aside
-(:meth:`PgDatabase.write_aside`). Opening migrates the database (:mod:`fermix.storage.postgres.migrations`), once
-whichever of several services starting together gets there first.
+(:meth:`PgDatabase.write_aside`). Opening migrates the database
+(:mod:`fermix.storage.postgres.migrations`), once whichever of several services starting
+together gets there first.
 """
 
 from __future__ import annotations
