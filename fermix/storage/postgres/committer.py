@@ -234,7 +234,8 @@ class PgCommitter(GroupCommit):
         A run of plain appends is stored together (:func:`_append_all`): with ``grouped``
         the batch starts with one, its first unit among them (the transaction began with
         :data:`NO_WAITING`: a batch of appends in four statements, ``BEGIN``, the touch,
-        the insert and ``COMMIT``, whatever its size); otherwise the first unit runs alone,
+        the insert and ``COMMIT``, whatever its size; one append alone runs its own two,
+        cheaper for the server than a run of one); otherwise the first unit runs alone,
         waiting for its rows as long as it must, and the runs come after it."""
         session = self._session
         ran = 0
@@ -250,7 +251,7 @@ class PgCommitter(GroupCommit):
             while index < len(batch):
                 appends = _plain_run(batch, index)
                 try:
-                    if len(appends) > 1 or (grouped and index == 0):
+                    if len(appends) > 1:
                         for unit, result in zip(
                             batch[index:], _append_all(conn, session, appends), strict=False
                         ):
@@ -345,7 +346,11 @@ class StemmedAppend:
     stems: str
 
     def __call__(self, writes: PgWrites) -> AppendResult:
-        return self.unit(writes)
+        """Run alone, as :class:`AppendUnit` runs a plain append, with the stems made."""
+        unit = self.unit
+        writes.touch_known(unit.new.key, unit.owner_id, unit.trust)
+        stored = writes.insert_message(unit.new, stems=self.stems)
+        return AppendResult(stored, replayed=False)
 
 
 def stemmed(unit: Callable[[Any], T]) -> Callable[[Any], T]:

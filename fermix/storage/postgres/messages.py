@@ -53,8 +53,11 @@ def document(content: str, key: ConversationKey, owner_id: str) -> str:
     return stems.document(content, (conversation_token(key), owner_token(key.agent_id, owner_id)))
 
 
-def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Message:
-    """Insert ``new`` in the caller's transaction and return the stored row.
+def insert(
+    conn: Conn, new: NewMessage, *, created_at: int | None = None, stems: str | None = None
+) -> Message:
+    """Insert ``new`` in the caller's transaction and return the stored row; ``stems``,
+    when given, are its :func:`document`, made beforehand.
 
     Its trust is ``new.trust``, or else its conversation's (a guest's without a row, M2).
     Its time is ``created_at``, or else now but not before the conversation's latest
@@ -89,7 +92,9 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
     params: list[Any] = [*values, now_ms() if created_at is None else created_at]
     if not stamped:
         params.extend(key)
-    params += [new.client_key, document(new.content, new.key, new.owner_id)]
+    if stems is None:
+        stems = document(new.content, new.key, new.owner_id)
+    params += [new.client_key, stems]
     params.extend(key if new.trust is None else (new.trust,))
     sql = _INSERTS[(stamped, new.trust is not None)]
     message_id, stored_at, trust = fetch_rows(conn, sql, params)[0]
