@@ -74,11 +74,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import apsw
-import numpy as np
-from numpy.typing import NDArray
+
+if TYPE_CHECKING:  # numpy is imported by the functions that rank: a search needs it, and
+    # `fermix memory list` (which imports this module through the storage) does not (60 ms)
+    import numpy as np
+    from numpy.typing import NDArray
 
 # The tokenizer of messages_fts and memories_fts in schema.sql; rank() must split text
 # exactly as the tables do.
@@ -214,6 +217,8 @@ class Matched:
 
     def take(self, rows: Sequence[int]) -> Matched:
         """The :class:`Matched` of ``rows`` alone, in that order."""
+        import numpy as np
+
         lengths = self.lengths[list(rows)]
         flat = tuple(chain.from_iterable(self.tokens(rows)))
         return Matched(self.counts[:, list(rows)], lengths, flat, np.cumsum(lengths) - lengths)
@@ -240,6 +245,8 @@ def tokenize_matches(documents: Sequence[str], query: Sequence[str], tokenize: T
     less where over 600 rows match. A tokenizer that does not keep the separator is called
     per document.
     """
+    import numpy as np
+
     n = len(documents)
     if n == 0:
         none = np.zeros(0, dtype=np.int64)
@@ -311,6 +318,8 @@ def preselect(found: Matched, *, scope_rows: int, keep: int) -> list[int]:
     as FTS5's ``bm25()`` ordering over the whole table did before the search was bounded
     by its scope (schema migration 7). Each query token is one numpy pass over the rows.
     """
+    import numpy as np
+
     n = len(found)
     if n == 0 or len(found.counts) == 0:
         return list(range(min(n, keep)))
@@ -351,6 +360,8 @@ def rank(
     terms in the query's order, then the feedback's: documents whose scores are equal in
     exact arithmetic are equal to the last bit, and keep their order.
     """
+    import numpy as np
+
     query = query_tokens(text, tokenize)
     if not query or not documents:
         return [0.0] * len(documents)
@@ -399,6 +410,8 @@ def rank(
 def _counts(matched: Matched, words: Sequence[str]) -> NDArray[np.float64]:
     """How often each of ``words`` (tokens) occurs in each document of ``matched``
     (``[k, i]``: word ``k``, document ``i``)."""
+    import numpy as np
+
     n = len(matched)
     code = {word: k for k, word in enumerate(words)}
     codes = np.fromiter(map(code.get, matched.flat, repeat(-1)), np.int64, len(matched.flat))
