@@ -102,7 +102,7 @@ from fermix.storage.appending import AppendUnit
 from fermix.storage.leaders import GroupCommit, Unit
 from fermix.storage.postgres.connection import Conn, pipeline, remote, send, settle
 from fermix.storage.postgres.conversations import touch_all
-from fermix.storage.postgres.messages import document, insert_all
+from fermix.storage.postgres.messages import document, insert_all, insert_stemmed
 from fermix.storage.postgres.session import PgWrites
 from fermix.storage.retry import DEFAULT_RETRY, RetryPolicy
 
@@ -256,8 +256,10 @@ class PgCommitter(GroupCommit):
                             batch[index:], _append_all(conn, session, appends), strict=False
                         ):
                             unit.value = result
-                        if len(appends) > 1:
-                            self.grouped += len(appends)
+                        self.grouped += len(appends)
+                    elif appends and (stems := appends[0][1]) is not None:
+                        batch[index].value = _append_one(conn, session, appends[0][0], stems)
+                        settle(conn)
                     else:
                         batch[index].value = batch[index].work(session)
                         settle(conn)  # its statements' errors are its own
@@ -346,11 +348,9 @@ class StemmedAppend:
     stems: str
 
     def __call__(self, writes: PgWrites) -> AppendResult:
-        """Run alone, as :class:`AppendUnit` runs a plain append, with the stems made."""
-        unit = self.unit
-        writes.touch_known(unit.new.key, unit.owner_id, unit.trust)
-        stored = writes.insert_message(unit.new, stems=self.stems)
-        return AppendResult(stored, replayed=False)
+        """Run as any unit, through the port (the stems made again): in a savepoint, or
+        first in a batch that waits for its row (:func:`_append_one` runs it with them)."""
+        return self.unit(writes)
 
 
 def stemmed(unit: Callable[[Any], T]) -> Callable[[Any], T]:
@@ -384,6 +384,13 @@ def _plain_run(batch: list[Unit], start: int) -> list[tuple[AppendUnit, str | No
         keys.add(append[0].new.key)
         run.append(append)
     return run
+
+
+def _append_one(conn: Conn, session: PgWrites, append: AppendUnit, stems: str) -> AppendResult:
+    """A plain append alone, as :class:`AppendUnit` runs it, with the stems its caller made
+    (its own touch and single-row insert: a run of one costs the server more)."""
+    session.touch_known(append.new.key, append.owner_id, append.trust)
+    return AppendResult(insert_stemmed(conn, append.new, stems), replayed=False)
 
 
 def _append_all(

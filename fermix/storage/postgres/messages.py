@@ -53,11 +53,8 @@ def document(content: str, key: ConversationKey, owner_id: str) -> str:
     return stems.document(content, (conversation_token(key), owner_token(key.agent_id, owner_id)))
 
 
-def insert(
-    conn: Conn, new: NewMessage, *, created_at: int | None = None, stems: str | None = None
-) -> Message:
-    """Insert ``new`` in the caller's transaction and return the stored row; ``stems``,
-    when given, are its :func:`document`, made beforehand.
+def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Message:
+    """Insert ``new`` in the caller's transaction and return the stored row.
 
     Its trust is ``new.trust``, or else its conversation's (a guest's without a row, M2).
     Its time is ``created_at``, or else now but not before the conversation's latest
@@ -74,6 +71,16 @@ def insert(
     (in any process), is a ``psycopg.errors.UniqueViolation``; the PostgreSQL committer
     runs the unit once more, so its own read by client key then finds that row (N3).
     """
+    return insert_stemmed(
+        conn, new, document(new.content, new.key, new.owner_id), created_at=created_at
+    )
+
+
+def insert_stemmed(
+    conn: Conn, new: NewMessage, stems: str, *, created_at: int | None = None
+) -> Message:
+    """:func:`insert`, with ``stems`` (its :func:`document`) made beforehand: by an
+    append's caller before it queued (:class:`~fermix.storage.postgres.committer.StemmedAppend`)."""
     key = new.key.as_tuple()
     agent_id, channel, chat_id, thread_scope = key
     values = (
@@ -92,8 +99,6 @@ def insert(
     params: list[Any] = [*values, now_ms() if created_at is None else created_at]
     if not stamped:
         params.extend(key)
-    if stems is None:
-        stems = document(new.content, new.key, new.owner_id)
     params += [new.client_key, stems]
     params.extend(key if new.trust is None else (new.trust,))
     sql = _INSERTS[(stamped, new.trust is not None)]
