@@ -280,6 +280,10 @@ def test_i2_k3_preflight_compacts_before_the_turn_and_the_window_starts_at_the_c
     memory = start_memory(config_for(model_server, context_window=2_000))
     session = FermixSession(memory, "assistant", "cli", "1", owner_id="ana", trust="operator")
     _fill(session, 30)
+    # Each reply of the fill dispatched a compaction (post-delivery work); one still queued
+    # when the peak below is recorded would compact in the background, and the preflight
+    # would find nothing to do. An ask queues behind them: once it answers, none is left.
+    assert memory.compact(session.conversation).status == "skipped"
     # the last turn's peak, recorded by a host that stopped before its post-delivery work
     session.conversation.append("assistant", "the last reply", peak_prompt_tokens=1_700)
     model_server.reply("The user asked about Porto many times.", for_model="test")
