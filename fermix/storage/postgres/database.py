@@ -85,8 +85,8 @@ class PgDatabase(GroupCommitted):
         first use."""
         self._aside: PgCommitter | None = None
         """The committer of :meth:`write_aside`, on a connection of its own (made on first use)."""
-        self._aside_lock = threading.Lock()
-        """Guards making the aside committer and the lanes, and ``_closing``."""
+        self._making = threading.Lock()
+        """Held to make the aside committer or a lane, and to set ``_closing``."""
         self._closing = False
         self._observer: CommitObserver | None = None
         self._readers: ConnectionPool[Conn] = ConnectionPool(
@@ -128,7 +128,7 @@ class PgDatabase(GroupCommitted):
         db._lanes = [None]
         db._aside = None
         db._closing = False
-        db._aside_lock = threading.Lock()
+        db._making = threading.Lock()
         db._observer = None
         db._readers = ConnectionPool(
             url,
@@ -170,7 +170,7 @@ class PgDatabase(GroupCommitted):
         it waits only for the rows it shares with them; a deadlock or serialization failure
         is retried as the group commit's are."""
         self._writer(label)  # refused when opened for inspection
-        with self._aside_lock:
+        with self._making:
             if self._closing:
                 raise StorageError("the database writer is closed")
             if self._aside is None:
@@ -212,7 +212,7 @@ class PgDatabase(GroupCommitted):
         index = self.lane_of(unit.new.key)
         lane = lanes[index]
         if lane is None:
-            with self._aside_lock:
+            with self._making:
                 if self._closing:
                     raise StorageError("the database writer is closed")
                 lane = lanes[index]
@@ -244,7 +244,7 @@ class PgDatabase(GroupCommitted):
     def observe(self, observer: CommitObserver) -> None:
         """Tell ``observer`` of the retries and failures of every group commit: the lanes
         and the aside committer (O1)."""
-        with self._aside_lock:
+        with self._making:
             self._observer = observer
             for committer in self._committers():
                 committer.observer = observer
@@ -261,9 +261,9 @@ class PgDatabase(GroupCommitted):
         """Finish the queued writes (the aside committer's and the other lanes' first), then
         close every connection."""
         try:
-            with self._aside_lock:
+            with self._making:
                 self._closing = True
-                others = self._committers()[1:] if self._committer is not None else []
+                others = self._committers()[1:]  # the first closes last, below
                 self._aside = None
             for committer in others:
                 committer.close()

@@ -128,12 +128,10 @@ _INSERT_ALL = (
 )
 
 
-def insert_all(
-    conn: Conn, news: Sequence[NewMessage], documents: Sequence[str] | None = None
-) -> list[Message]:
+def insert_all(conn: Conn, news: Sequence[NewMessage], documents: Sequence[str]) -> list[Message]:
     """:func:`insert` of each of ``news`` (no client key, in distinct conversations, each
-    touched first) in one statement; the stored rows, in the order of ``news``.
-    ``documents``, when given, are their stems (:func:`document`), made beforehand.
+    touched first) in one statement, with ``documents`` their stems (:func:`document`); the
+    stored rows, in the order of ``news``.
 
     The rows are inserted in that order, so the ``messages_bi`` trigger draws their ids in
     it; each is timed now but not before its conversation's latest message, as
@@ -148,7 +146,7 @@ def insert_all(
     now = now_ms()
     rows: list[tuple[Any, ...]] = []
     sent: list[tuple[Any, ...]] = []
-    for index, new in enumerate(news):
+    for new, stemmed in zip(news, documents, strict=True):
         assert new.client_key is None  # the run of plain appends: no key to answer under
         values = (
             *new.key.as_tuple()[:1],
@@ -161,10 +159,7 @@ def insert_all(
             new.metadata_json(),
         )
         rows.append(values)
-        stems_of = (
-            document(new.content, new.key, new.owner_id) if documents is None else documents[index]
-        )
-        sent.append((*values, now, stems_of, new.trust))
+        sent.append((*values, now, stemmed, new.trust))
     stored = {
         tuple(found[3:]): found[:3] for found in fetch_rows(conn, _INSERT_ALL, (rows_param(sent),))
     }
