@@ -18,15 +18,20 @@ with it: woken, it waits until no append came for ``settle_s`` (at most ``max_de
 and after a batch during which appends came it waits again, at most ``yield_factor`` times
 the batch's own time, so that under a steady stream of appends it takes a bounded share of
 the process and vectors still follow (bench/append.py measures appends with it on).
+``settle_s`` is 10 ms: a pause is some hundred times the gap between a burst's appends (one
+append takes 0.1-0.2 ms), and every millisecond of it is added to the time until a burst is
+searchable (LoCoMo's 2,760 turns from one thread, bench/peers.py: 0.36 s of appends, then
+the pause, then 0.19 s of embedding; 50 ms of it was a tenth of the whole). Embedding with
+no pause at all doubled those appends' time (the GIL, below).
 
 Why it waits rather than embed beside the appends on a second core: its work is not free of
-the GIL the appends share (tokenizing one text at a time, pooling, building rows all hold
-it). Embedding ahead while appends streamed, holding the vectors and storing them when the
-appends paused, was measured (issue 25): it embedded some 1,000 of LoCoMo's 2,760 turns
-before their appends ended, but under bench/append.py's 8 appending threads their p99 went
-from 3.0-4.5 ms to 7.9-9.5 ms and their rate from 10,400-11,500 to 8,200-8,800 a second.
-The time until searchable is cut instead by what a batch costs (:mod:`fermix.embedding`'s
-pooling and token weights, one call a scope).
+the GIL the appends share (tokenizing, pooling, building rows all hold it). Embedding ahead
+while appends streamed, holding the vectors and storing them when the appends paused, was
+measured (issue 25): it embedded some 1,000 of LoCoMo's 2,760 turns before their appends
+ended, but under bench/append.py's 8 appending threads their p99 went from 3.0-4.5 ms to
+7.9-9.5 ms and their rate from 10,400-11,500 to 8,200-8,800 a second. The time until
+searchable is cut instead by what a batch costs (:mod:`fermix.embedding`'s pooling and
+token weights, one call a scope, a word's tokens looked up).
 
 A forked child runs none of its parent's indexers: :meth:`Indexer.stop` there joins no
 thread, and the module's registry and lock start afresh (``os.register_at_fork``).
@@ -86,7 +91,7 @@ class Indexer:
         poll_s: float = 5.0,
         rescan_s: float = 600.0,
         retry_s: float = 30.0,
-        settle_s: float = 0.05,
+        settle_s: float = 0.01,
         max_delay_s: float = 2.0,
         yield_factor: float = 4.0,
     ) -> None:

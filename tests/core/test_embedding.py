@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -163,6 +164,77 @@ def test_q1_grown_weights_are_those_of_counting_each_part_in_turn(
             expected.add(text)
         step.extend(expected.weights(np.array(text, np.int64)) for text in part)
     assert grown.tobytes() == (np.concatenate(step) if step else np.zeros(0, np.float32)).tobytes()
+
+
+def _whole(texts: list[str]) -> list[list[int]]:
+    """What the tokenizer gives each text whole, as the embedder did before its pieces."""
+    tokenizer = embedding._wordllama()[1]
+    cut = [t[: embedding.MAX_TEXT_CHARS] for t in texts]
+    return [list(tokenizer.encode(t, add_special_tokens=False).ids) for t in cut]
+
+
+_TEXT = st.lists(
+    st.sampled_from(
+        [
+            " ",
+            "  ",
+            "\u2581",
+            "\t",
+            "\n",
+            "a",
+            "the",
+            "cat",
+            "Mel",
+            "!",
+            ".",
+            "'s",
+            "é",
+            "中",
+            "\U0001f600",
+            "<s>",
+            "</s>",
+            "<unk>",
+            "<",
+            "s>",
+            "\u00a0",
+            "ing",
+            "x" * 30,
+        ]
+    )
+    | st.text(max_size=8),
+    max_size=30,
+).map("".join)
+
+
+@given(st.lists(_TEXT, min_size=1, max_size=8))
+def test_q1_tokens_by_pieces_are_the_whole_texts_tokens(texts: list[str]) -> None:
+    """Each word's ids looked up alone are what the tokenizer gives the whole text: spaces
+    and runs of them, the ``▁`` it maps them to, added tokens (``<s>``), any character."""
+    assert embedding._wordllama() and embedding._SPECIALS is not None  # the pieces are used
+    assert WordLlamaEmbedder().tokens(texts) == _whole(texts)
+
+
+def test_q1_a_long_text_is_cut_where_it_was_and_pieces_recur_from_the_cache() -> None:
+    long = "word " * (embedding.MAX_TEXT_CHARS // 4)
+    texts = [long, "a cat sat", "the cat sat"]
+    embedding._piece_ids.cache_clear()
+    assert WordLlamaEmbedder().tokens(texts) == _whole(texts)
+    assert embedding._piece_ids.cache_info().hits > 1000
+
+
+def test_q1_a_tokenizer_whose_tokens_span_a_space_is_not_split_into_pieces() -> None:
+    """Only a tokenizer that cannot merge across a space is split: another file (a token
+    with ``▁`` inside, a pre-tokenizer of its own) is tokenized whole."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    shipped = embedding._wordllama()[1]
+    assert embedding._piecewise_specials(shipped) == ("<unk>", "<s>", "</s>")
+    spec = json.loads(shipped.to_str())
+    spec["model"]["vocab"]["New\u2581York"] = len(spec["model"]["vocab"])
+    assert embedding._piecewise_specials(Tokenizer.from_str(json.dumps(spec))) is None
+    split = Tokenizer.from_str(shipped.to_str())
+    split.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert embedding._piecewise_specials(split) is None
 
 
 def test_q1_a_vector_is_its_tokens_weighted_sum_in_order_whatever_texts_are_beside_it() -> None:
