@@ -6,13 +6,13 @@ An :class:`Embedder` turns texts into unit vectors. Two exist:
   the 256-dimension static token table of ``wordllama`` (16 MB, inside its wheel: no key,
   no download, loaded once per process in about 0.1 s; LoCoMo's 2,760 chat turns take
   0.25 s of one CPU in a new process, 0.075 s once their words were seen: a word's tokens
-  are looked up, :func:`_piece_ids`). A text's vector is the sum of its tokens' vectors, each weighted by its rarity
-  in the scope the text belongs to, ``a / (a + p(t))`` with ``p(t)`` the token's share of
-  all the scope's tokens (:class:`TokenCounts`), then L2-normalised. Plain mean pooling
-  is dominated by names and common words and made fused recall worse on LoCoMo; the
-  weighting is what makes it useful (bench/recall.py). The table and the
-  tokenizer are read from the wheel's files (:func:`_wordllama`), without importing the
-  ``wordllama`` package, which configures the host's logging on import.
+  are looked up, :func:`_piece_ids`). A text's vector is the sum of its tokens' vectors,
+  each weighted by its rarity in the scope the text belongs to, ``a / (a + p(t))`` with
+  ``p(t)`` the token's share of all the scope's tokens (:class:`TokenCounts`), then
+  L2-normalised. Plain mean pooling is dominated by names and common words and made fused
+  recall worse on LoCoMo; the weighting is what makes it useful (bench/recall.py). The
+  table and the tokenizer are read from the wheel's files (:func:`_wordllama`), without
+  importing the ``wordllama`` package, which configures the host's logging on import.
 - :class:`LiteLLMEmbedder`: any embedding model litellm reaches (OpenAI, Ollama, an
   OpenAI-compatible server), through ``litellm.embedding``, imported only when it is used.
   Its texts need no token counts.

@@ -54,6 +54,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from itertools import chain
 
 import numpy as np
 from numpy.typing import NDArray
@@ -307,7 +308,8 @@ class Indexer:
             # would be: a larger batch (next_batch) gives each row the vector it would have had.
             for scope in dict.fromkeys(p.scope for p in pending):
                 rows = [i for i, p in enumerate(pending) if p.scope == scope]
-                counts = self.counts(reads, [scope], {t for i in rows for t in tokens[i]})
+                seen = set(chain.from_iterable(tokens[i] for i in rows))
+                counts = self.counts(reads, [scope], seen)
                 vectors[rows] = self.embedder.embed(
                     [texts[i] for i in rows],
                     tokens=[tokens[i] for i in rows],

@@ -51,11 +51,17 @@ VECTOR_JOIN = "LEFT JOIN message_vectors AS v ON v.message_id = m.id"
 
 
 def pending_messages(rows: Iterable[Sequence[Any]]) -> list[PendingText]:
-    """The messages of rows (id, agent, channel, chat, thread, content) to embed."""
-    return [
-        PendingText(r[0], conversation_scope(ConversationKey(r[1], r[2], r[3], r[4])), r[5])
-        for r in rows
-    ]
+    """The messages of rows (id, agent, channel, chat, thread, content) to embed (each
+    conversation's scope made once: a batch is mostly one conversation's rows)."""
+    scopes: dict[tuple[str, str, str, str], str] = {}
+    pending = []
+    for r in rows:
+        where = (r[1], r[2], r[3], r[4])
+        scope = scopes.get(where)
+        if scope is None:
+            scope = scopes[where] = conversation_scope(ConversationKey(*where))
+        pending.append(PendingText(r[0], scope, r[5]))
+    return pending
 
 
 def pending_memories(rows: Iterable[Sequence[Any]]) -> list[PendingText]:
@@ -66,13 +72,17 @@ def pending_memories(rows: Iterable[Sequence[Any]]) -> list[PendingText]:
 def tally(stored: Iterable[StoredVector]) -> dict[str, dict[int, int]]:
     """The token counts the vectors ``stored`` add, by scope: each token's occurrences and,
     under :data:`TOTAL`, all of them (a scope whose vectors have no tokens: empty)."""
-    added: dict[str, Counter[int]] = {}
+    by_scope: dict[str, list[Sequence[int]]] = {}
     for item in stored:
-        counts = added.setdefault(item.scope, Counter())
-        counts.update(item.tokens)  # counted in C: this runs under the write lock
-        if item.tokens:
-            counts[TOTAL] += len(item.tokens)
-    return {scope: dict(counts) for scope, counts in added.items()}
+        by_scope.setdefault(item.scope, []).append(item.tokens)
+    added: dict[str, dict[int, int]] = {}
+    for scope, texts in by_scope.items():
+        counts = Counter(itertools.chain.from_iterable(texts))  # in C: under the write lock
+        total = sum(map(len, texts))
+        if total:
+            counts[TOTAL] = total
+        added[scope] = dict(counts)
+    return added
 
 
 def split_total(rows: Iterable[Sequence[Any]]) -> tuple[dict[int, int], int]:
