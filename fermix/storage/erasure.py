@@ -27,9 +27,11 @@ What an owner's erasure takes, in this order (each phase is done before the next
 Whatever a message took with it goes before the message: the memory rows whose provenance
 is that message (a fact the reviewer drew from it, under whatever owner it was written), a
 compaction checkpoint that summarised it (the window falls back to the messages kept), its
-vector. Other owners' rows are never touched, except that a prompt-file revision of theirs
-that may show an erased row's value is dropped (:func:`drop_revisions`): the prompt files
-are rendered again first, so the current revision never goes.
+vector, and its tokens from its conversation's token counts (a memory row's from its
+agent's: :func:`fermix.storage.vectors.uncount`). Other owners' rows are never touched,
+except that a prompt-file revision of theirs that may show an erased row's value is dropped
+(:func:`drop_revisions`): the prompt files are rendered again first, so the current
+revision never goes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from fermix.errors import InvalidInputError, NotFoundError
 from fermix.model import ERASURE_TARGETS, ConversationKey, Erasure
 from fermix.storage.conversations import WHERE_KEY
 from fermix.storage.sql import Sql
+from fermix.storage.vectors import uncount_memories, uncount_messages
 
 BATCH = 500
 """Messages (or memory rows, jobs, resources) one step erases at most; the runtime sizes
@@ -377,7 +380,8 @@ def _conversation_step(sql: Sql, key: ConversationKey, done: _Step, batch: int) 
         )
     ]
     if ids:
-        _erase_messages(sql, ids, done)
+        # Its token counts go whole at the end: nothing to take out of them before.
+        _erase_messages(sql, ids, done, uncount=False)
         return
     rows = [
         int(r[0])
@@ -419,8 +423,10 @@ def _erase_sources(sql: Sql, where: str, params: tuple[Any, ...]) -> int:
     return erased
 
 
-def _erase_messages(sql: Sql, ids: list[int], done: _Step) -> None:
-    """Erase messages ``ids`` and what they took with them (the module's docstring)."""
+def _erase_messages(sql: Sql, ids: list[int], done: _Step, *, uncount: bool = True) -> None:
+    """Erase messages ``ids`` and what they took with them (the module's docstring); with
+    ``uncount=False``, their tokens stay in their conversations' counts (for a conversation
+    erased whole, whose counts go last)."""
     items = _items(sql)
     listed = json.dumps(ids)
     in_ids = f"IN (SELECT CAST(value AS BIGINT) FROM {items})"
@@ -456,6 +462,8 @@ def _erase_messages(sql: Sql, ids: list[int], done: _Step) -> None:
     ]
     if derived:
         _erase_rows(sql, derived, done)
+    if uncount:
+        uncount_messages(sql, everything)
     sql.run(f"DELETE FROM message_vectors WHERE message_id {in_ids}", (listed,))
     done.add("messages", sql.run(f"DELETE FROM messages WHERE id {in_ids}", (listed,)))
 
@@ -468,6 +476,7 @@ def _erase_rows(sql: Sql, ids: list[int], done: _Step) -> None:
         f"SELECT agent_id, owner_id, created_at FROM memories WHERE id {in_ids}", (listed,)
     ):
         done.showed(agent_id, owner_id, int(created_at))
+    uncount_memories(sql, ids)
     sql.run(f"DELETE FROM memory_vectors WHERE memory_id {in_ids}", (listed,))
     done.add("memory_rows", sql.run(f"DELETE FROM memories WHERE id {in_ids}", (listed,)))
 

@@ -31,6 +31,7 @@ from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
 from fermix.model import PROMOTE_TARGETS, MemoryRow, Provenance, Scope, check_category
 from fermix.storage.sql import Sql
+from fermix.storage.vectors import uncount_memories
 
 MAX_KEY_CHARS = 200
 MAX_VALUE_CHARS = 10_000
@@ -109,6 +110,13 @@ def upsert(
     scoped = (agent_id, owner_id, scope.type, scope.id, category, key, value)
     values = (*scoped, confidence, promote_target, *_sources(provenance), ts, ts)
     search = sql.dialect.memory_search
+    same = sql.rows(
+        "SELECT id FROM memories WHERE agent_id = ? AND owner_id = ? AND scope_type = ?"
+        f" AND scope_id = ? AND key = ?{sql.dialect.for_update}",
+        (agent_id, owner_id, scope.type, scope.id, key),
+    )
+    if same:  # updated below, which drops its vector (memory_vectors_au)
+        uncount_memories(sql, [int(same[0][0])])
     rows = sql.rows(
         "INSERT INTO memories (agent_id, owner_id, scope_type, scope_id, category, key, value,"
         " confidence, promote_target, source_id, source_type, source_name, source_description,"
@@ -166,6 +174,7 @@ def replace_value(
     sources = _sources(current if provenance is None else provenance)
     values = (value, new_key, current.category if category is None else category, *sources)
     search = sql.dialect.memory_search
+    uncount_memories(sql, [memory_id])  # the update drops its vector (memory_vectors_au)
     rows = sql.rows(
         "UPDATE memories SET value = ?, key = ?, category = ?, source_id = ?,"
         " source_type = ?, source_name = ?, source_description = ?, session_id = ?,"

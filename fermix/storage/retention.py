@@ -5,7 +5,8 @@ batches small enough that appends never wait behind one.
   :data:`BATCH` at a time. A conversation's checkpoint is kept (its window still composes:
   the checkpoint, then what came after), and so is a user message the reviewer has not read
   yet, unless ``drop_unreviewed``. What a message took with it goes with it (its vector, its
-  index entry); the memory rows drawn from it stay: they are what was learnt.
+  index entry, its tokens from its conversation's token counts); the memory rows drawn from
+  it stay: they are what was learnt.
 - :func:`drop_archived`: memory rows archived before the cut-off.
 - :func:`drop_revisions`: each prompt file's revisions but its newest ``keep`` (never the
   current one).
@@ -20,6 +21,7 @@ import json
 
 from fermix.storage.port import Dropped
 from fermix.storage.sql import Sql
+from fermix.storage.vectors import uncount_memories, uncount_messages
 
 BATCH = 200
 """Rows one unit drops at most."""
@@ -66,6 +68,7 @@ def drop_messages(
     if dropped:
         listed = json.dumps(dropped)
         in_ids = f"IN (SELECT CAST(value AS BIGINT) FROM {items})"
+        uncount_messages(sql, dropped)
         sql.run(f"DELETE FROM message_vectors WHERE message_id {in_ids}", (listed,))
         sql.run(f"DELETE FROM messages WHERE id {in_ids}", (listed,))
     return Dropped(len(dropped), old[-1], finished)
@@ -86,6 +89,7 @@ def drop_archived(sql: Sql, *, before: int, batch: int = BATCH) -> int:
         return 0
     listed = json.dumps(ids)
     in_ids = f"IN (SELECT CAST(value AS BIGINT) FROM {items})"
+    uncount_memories(sql, ids)
     sql.run(f"DELETE FROM memory_vectors WHERE memory_id {in_ids}", (listed,))
     return sql.run(f"DELETE FROM memories WHERE id {in_ids}", (listed,))
 

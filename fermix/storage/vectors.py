@@ -85,6 +85,74 @@ def tally(stored: Iterable[StoredVector]) -> dict[str, dict[int, int]]:
     return added
 
 
+_MESSAGE_TEXTS = (
+    "SELECT m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.content"
+    " FROM messages AS m JOIN message_vectors AS v ON v.message_id = m.id"
+)
+_MEMORY_TEXTS = (
+    "SELECT m.id, m.agent_id, m.key, m.value FROM memories AS m"
+    " JOIN memory_vectors AS v ON v.memory_id = m.id"
+)
+
+
+def uncount_messages(sql: Sql, ids: Sequence[int]) -> None:
+    """Take the tokens of those of the messages ``ids`` that have a vector out of their
+    conversations' counts; called in the transaction that deletes them (an erasure, a
+    retention sweep), before it does (:func:`uncount`)."""
+    uncount(sql, pending_messages(_with_vectors(sql, _MESSAGE_TEXTS, ids)))
+
+
+def uncount_memories(sql: Sql, ids: Sequence[int]) -> None:
+    """Take the tokens of those of the memory rows ``ids`` that have a vector out of their
+    agents' counts; called before they are deleted, or their text changed (which drops
+    their vector: it is embedded, and counted, again) (:func:`uncount`)."""
+    uncount(sql, pending_memories(_with_vectors(sql, _MEMORY_TEXTS, ids)))
+
+
+def _with_vectors(sql: Sql, select: str, ids: Sequence[int]) -> list[tuple[Any, ...]]:
+    """The rows ``select`` reads of the rows ``m`` with an id of ``ids``."""
+    items = sql.dialect.json_items
+    return sql.rows(
+        f"{select} WHERE m.id IN (SELECT CAST(value AS BIGINT) FROM {items})",
+        (json.dumps(list(ids)),),
+    )
+
+
+def uncount(sql: Sql, gone: Sequence[PendingText]) -> None:
+    """Take the tokens of the texts ``gone`` (each of a row that has a vector, so counted)
+    out of their scopes' counts, and drop a token's row once it counts nothing (F3: an
+    erased text leaves no token behind, not even as a count of its scope).
+
+    The counts are of the tokens of every row with a vector (:func:`tally` of what was
+    stored); a row's tokens are its text's, as the embedder tokenizes it, so they are
+    computed again here. Only the offline model counts tokens: with another recorded (or
+    none), there is nothing to take out."""
+    if not gone:
+        return
+    from fermix.embedding import WordLlamaEmbedder  # loaded only where counts exist
+
+    found = model(sql)
+    if found is None or found[0] != WordLlamaEmbedder.name:
+        return
+    tokens = WordLlamaEmbedder().tokens([g.text for g in gone])
+    counted = tally(StoredVector(g.id, g.scope, b"", t) for g, t in zip(gone, tokens, strict=True))
+    items = sql.dialect.json_items
+    for scope, counts in counted.items():
+        scope_id = sql.value("SELECT id FROM embedding_scopes WHERE name = ?", (scope,))
+        if scope_id is None or not counts:
+            continue
+        by_count: dict[int, list[int]] = {}
+        for token, n in counts.items():
+            by_count.setdefault(n, []).append(token)
+        for n, same in by_count.items():  # one statement per count, not per token
+            sql.run(
+                "UPDATE embedding_tokens SET count = count - ? WHERE scope_id = ?"
+                f" AND token IN (SELECT CAST(value AS BIGINT) FROM {items})",
+                (n, scope_id, json.dumps(same)),
+            )
+        sql.run("DELETE FROM embedding_tokens WHERE scope_id = ? AND count <= 0", (scope_id,))
+
+
 def split_total(rows: Iterable[Sequence[Any]]) -> tuple[dict[int, int], int]:
     """Rows (token, count) as :func:`token_counts` returns them: the counts of the tokens,
     and the :data:`TOTAL`."""

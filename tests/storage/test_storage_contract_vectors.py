@@ -26,7 +26,9 @@ from hypothesis import strategies as st
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from storage_fixtures import Backend, Store
 
+from fermix.embedding import WordLlamaEmbedder
 from fermix.model import ConversationKey, Message, NewMessage, Scope
+from fermix.storage.erasure import conversation_subject
 from fermix.storage.port import PendingText, StoredVector, conversation_scope, memory_scope
 from fermix.storage.vectors import TOTAL, scope_rows
 
@@ -80,12 +82,14 @@ def embed_all(db: Store, rng: random.Random, *, after_id: int = 0) -> int:
         cursor = pending[-1].id
 
 
-def add_row(db: Store, key: str, value: str, *, agent_id: str = "agent") -> Any:
+def add_row(
+    db: Store, key: str, value: str, *, agent_id: str = "agent", owner_id: str = "alice"
+) -> Any:
     return db.write(
         lambda w: w.upsert_row(
             agent_id=agent_id,
-            owner_id="alice",
-            scope=Scope("owner", "alice"),
+            owner_id=owner_id,
+            scope=Scope("owner", owner_id),
             category="preference",
             key=key,
             value=value,
@@ -677,3 +681,121 @@ def test_q2_the_total_token_is_the_sum_of_the_counted_tokens(storage: Store) -> 
     store(storage, [StoredVector(message.id, "s", b"\x01" * DIM, (5, 6, 6))])
     with storage.read() as r:
         assert r.token_counts(["s"], [TOTAL, 6]) == ({6: 2}, 3)
+
+
+# -- what an erased or dropped text leaves in the counts (F3, F7) -----------------------
+
+
+def _embed_as_the_indexer(db: Store) -> None:
+    """A vector for every message and live memory row without one, each counting its
+    text's tokens as the offline model's indexer counts them."""
+    embedder, rng = WordLlamaEmbedder(), random.Random(13)
+    dim = embedder.dimension()
+    for which in ("messages", "memories"):
+        while True:
+            with db.read() as r:
+                pending = (
+                    r.messages_to_embed(after_id=0, limit=50)
+                    if which == "messages"
+                    else r.memories_to_embed(after_id=0, limit=50)
+                )
+            if not pending:
+                break
+            tokens = embedder.tokens([p.text for p in pending])
+            vector = bytes(rng.randrange(256) for _ in range(dim - 1)) + b"\x01"
+            items = [
+                StoredVector(p.id, p.scope, vector, t) for p, t in zip(pending, tokens, strict=True)
+            ]
+            if which == "messages":
+                db.write(lambda w, items=items: w.store_message_vectors(items))
+            else:
+                db.write(lambda w, items=items: w.store_memory_vectors(items))
+
+
+def _counts(db: Store, scope: str, texts: list[str], asked: set[int]) -> None:
+    """``scope``'s counts are exactly the tokens of ``texts`` (of ``asked``, the tokens of
+    every text it ever held): no other token, none counted at 0."""
+    expected: dict[int, int] = {}
+    total = 0
+    for tokens in WordLlamaEmbedder().tokens(texts):
+        total += len(tokens)
+        for token in tokens:
+            expected[token] = expected.get(token, 0) + 1
+    with db.read() as r:
+        assert r.token_counts([scope], sorted(asked)) == (expected, total)
+
+
+def _erase(db: Store, target: str, subject: str, agent_id: str | None = None) -> None:
+    """An erasure through the port, step after step until nothing is left."""
+    erasure = db.write(
+        lambda w: w.begin_erasure(
+            target=target, subject=subject, agent_id=agent_id, requested_by="test"
+        )
+    )
+    while db.write(lambda w: w.erase_step(erasure.id)):
+        pass
+
+
+def test_f3_an_erased_or_dropped_text_leaves_no_token_in_the_counts(storage: Store) -> None:
+    """The offline model counts each scope's tokens (their rarity weighs a vector): an
+    owner's erasure, a message's, a memory row's new text and a retention sweep take the
+    tokens of what they remove out of those counts, and a token counted nowhere else goes."""
+    embedder = WordLlamaEmbedder()
+    record(storage, embedder.name, embedder.dimension())
+    said = {
+        "alice": ["Zorblax keeps the spare key under the blue pot", "Quuxville on Tuesday"],
+        "bob": ["the pot is blue", "see you on Tuesday then"],
+    }
+    messages = {
+        owner: [insert(storage, text, owner_id=owner) for text in texts]
+        for owner, texts in said.items()
+    }
+    insert(storage, "Zorblax again, elsewhere", key=OTHER, owner_id="bob")
+    alice_row = add_row(storage, "hideout", "the Zorblax cabin near Quuxville")
+    bob_row = add_row(storage, "pet", "a cat named Biscuit", owner_id="bob")
+    _embed_as_the_indexer(storage)
+    late = insert(storage, "Zorblax never embedded", owner_id="alice")  # counted nowhere
+    texts = [t for ts in said.values() for t in ts] + [
+        "hideout: the Zorblax cabin near Quuxville",
+        "pet: a cat named Biscuit",
+        "pet: a dog named Rex",
+        "pet: a parrot named Kiwi",
+        late.content,
+        "Zorblax again, elsewhere",
+    ]
+    asked = {t for tokens in embedder.tokens(texts) for t in tokens}
+    chat, rows = conversation_scope(KEY), memory_scope("agent")
+    _counts(storage, chat, said["alice"] + said["bob"], asked)
+    _counts(storage, rows, [texts[4], texts[5]], asked)
+
+    _erase(storage, "owner", "alice")
+    _counts(storage, chat, said["bob"], asked)  # the group chat keeps bob's messages
+    _counts(storage, rows, ["pet: a cat named Biscuit"], asked)
+    with storage.read() as r:
+        assert r.memory_vectors([alice_row.id]) == {}
+
+    storage.write(lambda w: w.replace_row(bob_row.id, value="a dog named Rex"))
+    _counts(storage, rows, [], asked)  # its vector went with its old text: nothing counted
+    _embed_as_the_indexer(storage)
+    _counts(storage, rows, ["pet: a dog named Rex"], asked)
+    add_row(storage, "pet", "a parrot named Kiwi", owner_id="bob")
+    _embed_as_the_indexer(storage)
+    _counts(storage, rows, ["pet: a parrot named Kiwi"], asked)
+
+    one = messages["bob"][0]
+    _erase(storage, "message", str(one.id))
+    _counts(storage, chat, said["bob"][1:], asked)
+
+    elsewhere = conversation_scope(OTHER)
+    _counts(storage, elsewhere, ["Zorblax again, elsewhere"], asked)
+    _erase(storage, "conversation", conversation_subject(OTHER), OTHER.agent_id)
+    _counts(storage, elsewhere, [], asked)  # a conversation erased whole: its counts go
+
+    while not storage.write(
+        lambda w: w.expire_messages(before=T0 * 10, drop_unreviewed=True)
+    ).finished:
+        pass
+    storage.write(lambda w: w.archive_row(bob_row.id, by="test", reason="stale"))
+    storage.write(lambda w: w.expire_archived(before=T0 * 10))
+    _counts(storage, chat, [], asked)
+    _counts(storage, rows, [], asked)
