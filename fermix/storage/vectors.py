@@ -3,8 +3,11 @@ what both adapters share, the statements written once (:class:`~fermix.storage.s
 
 ``message_vectors`` and ``memory_vectors`` hold one int8 vector per row, beside the row
 (deleted with it, dropped when its text changes); ``embedding_tokens`` counts the tokens of
-each scope's embedded texts (``embedding_scopes`` names the scopes); ``embedding_model``
-records the model and dimension every stored vector is of.
+each scope's embedded texts (``embedding_scopes`` names the scopes): a row's tokens are
+added when its vector is stored (:func:`tally`) and taken out when fermix deletes the row or
+changes its text (:func:`uncount`): they are those of the rows with a vector, no erased
+text's (SQL from outside that edits a message leaves its old text's tokens counted);
+``embedding_model`` records the model and dimension every stored vector is of.
 
 The background embedder (:mod:`fermix.runtime.indexing`) finds the rows without a vector
 (:func:`messages_to_embed`, :func:`memories_to_embed`), oldest first, and each adapter

@@ -126,7 +126,15 @@ class Terminal:
                     pass
                 return self.status
             if time.monotonic() >= deadline:
-                raise AssertionError(f"the chat did not exit; the terminal showed:\n{self.text}")
+                shown = self.text
+                os.kill(self.pid, signal.SIGABRT)  # faulthandler prints every thread's stack
+                stop = time.monotonic() + 5.0
+                while self._read(min(stop, time.monotonic() + 0.1)) and time.monotonic() < stop:
+                    pass
+                raise AssertionError(
+                    f"the chat did not exit; the terminal showed:\n{shown}\n"
+                    f"its threads, aborted:\n{self.text[len(shown) :]}"
+                )
             self._read(min(deadline, time.monotonic() + 0.1))
 
     def close(self) -> None:
@@ -161,6 +169,7 @@ def terminals() -> Iterator[list[Terminal]]:
 def start(terminals: list[Terminal], home: Path, model_server: ModelServer) -> Start:
     """Start ``fermix chat`` on ``home`` against the loopback server (or with ``argv``)."""
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "TERM": "xterm"}
+    env["PYTHONFAULTHANDLER"] = "1"  # a chat that hangs shows its threads (Terminal.wait)
     env.pop("FERMIX_HOME", None)
 
     def run(argv: list[str] | None = None) -> Terminal:
