@@ -56,6 +56,9 @@ class Terminal:
         if pid == 0:  # the child: a wide terminal, then the command; nothing else runs here
             try:
                 fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+                # Ctrl-C interrupts it as in a user's shell, even where the suite itself runs
+                # with SIGINT ignored (a job started with `&` by a non-interactive shell).
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.execve(argv[0], argv, env)
             finally:
                 os._exit(127)
