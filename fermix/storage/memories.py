@@ -31,7 +31,7 @@ from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, NotFoundError
 from fermix.model import PROMOTE_TARGETS, MemoryRow, Provenance, Scope, check_category
 from fermix.storage.sql import Sql
-from fermix.storage.vectors import uncount_memories
+from fermix.storage.vectors import MEMORY_TEXTS, pending_memories, uncount, uncount_memories
 
 MAX_KEY_CHARS = 200
 MAX_VALUE_CHARS = 10_000
@@ -110,13 +110,12 @@ def upsert(
     scoped = (agent_id, owner_id, scope.type, scope.id, category, key, value)
     values = (*scoped, confidence, promote_target, *_sources(provenance), ts, ts)
     search = sql.dialect.memory_search
-    same = sql.rows(
-        "SELECT id FROM memories WHERE agent_id = ? AND owner_id = ? AND scope_type = ?"
-        f" AND scope_id = ? AND key = ?{sql.dialect.for_update}",
+    same = sql.rows(  # the row updated below, if it has a vector (memory_vectors_au drops it)
+        f"{MEMORY_TEXTS} WHERE m.agent_id = ? AND m.owner_id = ? AND m.scope_type = ?"
+        " AND m.scope_id = ? AND m.key = ?",
         (agent_id, owner_id, scope.type, scope.id, key),
     )
-    if same:  # updated below, which drops its vector (memory_vectors_au)
-        uncount_memories(sql, [int(same[0][0])])
+    uncount(sql, pending_memories(same))
     rows = sql.rows(
         "INSERT INTO memories (agent_id, owner_id, scope_type, scope_id, category, key, value,"
         " confidence, promote_target, source_id, source_type, source_name, source_description,"

@@ -92,10 +92,12 @@ _MESSAGE_TEXTS = (
     "SELECT m.id, m.agent_id, m.channel, m.chat_id, m.thread_scope, m.content"
     " FROM messages AS m JOIN message_vectors AS v ON v.message_id = m.id"
 )
-_MEMORY_TEXTS = (
+MEMORY_TEXTS = (
     "SELECT m.id, m.agent_id, m.key, m.value FROM memories AS m"
     " JOIN memory_vectors AS v ON v.memory_id = m.id"
 )
+"""The rows of :func:`pending_memories` of the memory rows ``m`` that have a vector (their
+tokens are counted), to be completed by a ``WHERE``: what :func:`uncount` takes out."""
 
 
 def uncount_messages(sql: Sql, ids: Sequence[int]) -> None:
@@ -109,7 +111,7 @@ def uncount_memories(sql: Sql, ids: Sequence[int]) -> None:
     """Take the tokens of those of the memory rows ``ids`` that have a vector out of their
     agents' counts; called before they are deleted, or their text changed (which drops
     their vector: it is embedded, and counted, again) (:func:`uncount`)."""
-    uncount(sql, pending_memories(_with_vectors(sql, _MEMORY_TEXTS, ids)))
+    uncount(sql, pending_memories(_with_vectors(sql, MEMORY_TEXTS, ids)))
 
 
 def _with_vectors(sql: Sql, select: str, ids: Sequence[int]) -> list[tuple[Any, ...]]:
