@@ -12,8 +12,10 @@ the suite) and pipelined (a remote server's mode, forced here).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import random
+import re
 import select
 import threading
 import uuid
@@ -31,6 +33,8 @@ from fermix.errors import InvalidInputError, StorageError, WriteFailedError
 from fermix.model import ConversationKey, Message, NewMessage
 from fermix.storage.appending import AppendUnit
 from fermix.storage.postgres import PgDatabase
+from fermix.storage.postgres import messages as pg_messages
+from fermix.storage.postgres import migrations as pg_migrations
 from fermix.storage.postgres.committer import PgCommitter, StemmedAppend, stemmed
 from fermix.storage.postgres.connection import fetch_rows, pipeline, remote, send
 from fermix.storage.postgres.messages import document
@@ -312,6 +316,16 @@ def test_a_duplicate_client_key_fails_its_unit_alone(
         assert [m.content for m in r.messages(OTHER)] == ["other"]
 
 
+def _appended_at(at: int) -> Unit:
+    """A unit appending "ahead" to ``KEY`` timed ``at`` (another service's clock)."""
+
+    def unit(writes: Any) -> Message:
+        writes.touch_known(KEY, "alice", "operator")
+        return writes.insert_message(NewMessage(KEY, "user", "ahead"), created_at=at)
+
+    return unit
+
+
 def test_a_pipelined_append_is_never_timed_before_its_conversations_latest(
     store: PgDatabase, open_committer: Callable[..., PgCommitter]
 ) -> None:
@@ -319,12 +333,7 @@ def test_a_pipelined_append_is_never_timed_before_its_conversations_latest(
     now, but not before the latest of its conversation (here another service's, whose
     clock is a minute ahead), so times follow ids within the conversation."""
     ahead = now_ms() + 60_000
-
-    def append_ahead(writes: Any) -> Message:
-        writes.touch_known(KEY, "alice", "operator")
-        return writes.insert_message(NewMessage(KEY, "user", "ahead"), created_at=ahead)
-
-    earlier = open_committer(pipelined=False).run(append_ahead)
+    earlier = open_committer(pipelined=False).run(_appended_at(ahead))
     committer = open_committer(pipelined=True)
     later = committer.run(append_unit(KEY, "now"))
     assert later.id > earlier.id
@@ -332,6 +341,81 @@ def test_a_pipelined_append_is_never_timed_before_its_conversations_latest(
     with store.read() as r:
         assert [m.content for m in r.messages(KEY)] == ["ahead", "now"]
     assert committer.run(append_unit(OTHER, "elsewhere")).created_at < ahead
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_run_of_appends_is_never_timed_before_its_conversations_latest(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """As above, for plain appends stored together in one insert (issue 25): each is timed
+    not before its own conversation's latest message, and no other's."""
+    ahead = now_ms() + 60_000
+    earlier = open_committer(pipelined=False).run(_appended_at(ahead))
+    committer = open_committer(pipelined=pipelined)
+    outcomes = committer.run_many(
+        [(plain_append(key, f"now in {key.chat_id}"), "append") for key in (KEY, OTHER)]
+    )
+    assert committer.grouped == 2
+    (_, in_key), (_, in_other) = outcomes
+    assert in_key.message.id > earlier.id and in_key.message.created_at == ahead
+    assert in_other.message.created_at < ahead
+
+
+def test_an_insert_reads_no_message_whatever_its_plan(store: PgDatabase) -> None:
+    """Issue 25: a message's time is not before its conversation's latest, read from the
+    conversation's row (``latest_message_at``, kept by the ``messages_bi`` trigger). As
+    ``max(created_at)`` over the messages, a generic plan cached while the table was new
+    read it by ``messages_owner``: every message of the agent, for each insert. No plan of
+    an insert scans ``messages`` now, generic ones included."""
+    statements = [*pg_messages._INSERTS.values(), pg_messages._INSERT_ALL]
+    with psycopg.connect(store.url, autocommit=True) as conn:
+        for sql in statements:
+            plan = [row[0] for row in conn.execute(f"EXPLAIN (GENERIC_PLAN) {_numbered(sql)}")]
+            assert any("Insert on messages" in line for line in plan)
+            assert not [line for line in plan if re.search(r"Scan.* on messages\b", line)]
+
+
+def _numbered(sql: str) -> str:
+    """``sql`` with its ``%s`` placeholders as PostgreSQL's ``$1``, ``$2``, ..."""
+    numbers = itertools.count(1)
+    return re.sub("%s", lambda _: f"${next(numbers)}", sql)
+
+
+def test_migration_7_gives_each_conversation_its_latest_message_time(
+    postgres_db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 25: a database written before ``latest_message_at`` gets it from its messages
+    (a conversation without one keeps NULL), and an append after is timed not before it."""
+    shipped = pg_migrations.migrations()
+    assert shipped[6].version == 7
+    monkeypatch.setattr(pg_migrations, "migrations", lambda: shipped[:6])
+    PgDatabase(postgres_db, readers=1).close()
+    ahead = now_ms() + 60_000
+    with psycopg.connect(postgres_db, autocommit=True) as conn:
+        for key in (KEY, OTHER):
+            conn.execute(
+                "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope,"
+                " created_at, updated_at) VALUES (%s, %s, %s, %s, 0, 0)",
+                key.as_tuple(),
+            )
+        for at in (ahead - 5, ahead, ahead - 9):
+            conn.execute(
+                "INSERT INTO messages (agent_id, channel, chat_id, thread_scope, role,"
+                " content, created_at, stems) VALUES (%s, %s, %s, %s, 'user', 'x', %s, '')",
+                (*KEY.as_tuple(), at),
+            )
+    monkeypatch.undo()
+    db = PgDatabase(postgres_db, readers=1)
+    try:
+        with psycopg.connect(postgres_db, autocommit=True) as conn:
+            latest = dict(
+                conn.execute("SELECT chat_id, latest_message_at FROM conversations").fetchall()
+            )
+        assert latest == {KEY.chat_id: ahead, OTHER.chat_id: None}
+        stored = db.append(plain_append(KEY, "after"), label="append")
+        assert stored.message.created_at == ahead
+    finally:
+        db.close()
 
 
 @pytest.mark.parametrize("pipelined", MODES)

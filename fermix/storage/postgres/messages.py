@@ -33,7 +33,9 @@ _INSERT = (
     " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,{created_at},%s,%s::tsvector,{trust})"
     " RETURNING id, created_at, trust"
 )
-_NOT_BEFORE_LATEST = f"greatest(%s, (SELECT max(created_at) FROM messages WHERE {_WHERE_KEY}))"
+_NOT_BEFORE_LATEST = (
+    f"greatest(%s, (SELECT latest_message_at FROM conversations WHERE {_WHERE_KEY}))"
+)
 _CONVERSATION_TRUST = f"coalesce((SELECT trust FROM conversations WHERE {_WHERE_KEY}), 'guest')"
 _INSERTS = {
     (stamped, trusted): _INSERT.format(
@@ -64,8 +66,10 @@ def insert(conn: Conn, new: NewMessage, *, created_at: int | None = None) -> Mes
     (another machine: windows are read in time order, and a time behind the latest would
     put an acknowledged message before older ones, tests/server/test_multi_service.py), and even
     though in the group commit's pipeline the clock is read before the touch has waited for
-    the lock. The read of the latest time (about 20 us) is paid on every insert: reading
-    the clock after the lock is not enough, since the clocks of two services need not agree.
+    the lock. The latest time is the conversation's ``latest_message_at``, which the
+    ``messages_bi`` trigger keeps (a primary-key lookup, where ``max(created_at)`` over the
+    messages could be planned by another index, schema migration 7): reading the clock
+    after the lock is not enough, since the clocks of two services need not agree.
 
     A client key already stored in the conversation, by this transaction or one committed
     (in any process), is a ``psycopg.errors.UniqueViolation``; the PostgreSQL committer
@@ -106,18 +110,20 @@ def insert_stemmed(
     return Message(int(message_id), *values, int(stored_at), trust, new.client_key)
 
 
+_ITS_KEY = (
+    "c.agent_id = i.agent_id AND c.channel = i.channel AND c.chat_id = i.chat_id"
+    " AND c.thread_scope = i.thread_scope"
+)
+"""The row ``i``'s conversation: scalar subqueries by it are primary-key lookups whatever
+the plan (a join could be planned as a scan of every conversation, and cached so)."""
 _INSERT_ALL = (
     "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
     " kind, content, metadata_json, created_at, client_key, stems, trust)"
     " SELECT i.agent_id, i.owner_id, i.channel, i.chat_id, i.thread_scope, i.sender, i.role,"
     " i.kind, i.content, i.metadata_json,"
-    " greatest(i.created_at, (SELECT max(m.created_at) FROM messages AS m"
-    "  WHERE m.agent_id = i.agent_id AND m.channel = i.channel AND m.chat_id = i.chat_id"
-    "  AND m.thread_scope = i.thread_scope)),"
-    " NULL, i.stems::tsvector,"
-    " coalesce(i.trust, (SELECT c.trust FROM conversations AS c"
-    "  WHERE c.agent_id = i.agent_id AND c.channel = i.channel AND c.chat_id = i.chat_id"
-    "  AND c.thread_scope = i.thread_scope), 'guest')"
+    " greatest(i.created_at, (SELECT c.latest_message_at FROM conversations AS c"
+    f"  WHERE {_ITS_KEY})), NULL, i.stems::tsvector,"
+    f" coalesce(i.trust, (SELECT c.trust FROM conversations AS c WHERE {_ITS_KEY}), 'guest')"
     " FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n),"
     " LATERAL (SELECT e.r->>0 AS agent_id, e.r->>1 AS owner_id, e.r->>2 AS channel,"
     "  e.r->>3 AS chat_id, e.r->>4 AS thread_scope, e.r->>5 AS sender, e.r->>6 AS role,"

@@ -400,3 +400,34 @@ ALTER TABLE conversations
     ADD COLUMN compaction_outcome text,
     ADD COLUMN compaction_reason text,
     ADD COLUMN compaction_outcome_at bigint;
+
+-- migration 7: each conversation's latest message time, kept by messages_bi
+-- A message's time is now but not before its conversation's latest (fermix/storage/
+-- postgres/messages.py). It was max(created_at) over the conversation's messages, which
+-- a cached generic plan made while the table was new could read by messages_owner, every
+-- message of the agent for each insert (issue 25: 7 ms an append at 18,000 messages, and
+-- growing). Now it is one column of the conversation's row, which the insert has locked:
+-- a primary-key lookup, whatever the plan. Erasing messages leaves it as it was: times
+-- stay in id order.
+ALTER TABLE conversations ADD COLUMN latest_message_at bigint;
+UPDATE conversations AS c
+   SET latest_message_at = m.latest
+  FROM (SELECT agent_id, channel, chat_id, thread_scope, max(created_at) AS latest
+          FROM messages GROUP BY agent_id, channel, chat_id, thread_scope) AS m
+ WHERE c.agent_id = m.agent_id AND c.channel = m.channel AND c.chat_id = m.chat_id
+   AND c.thread_scope = m.thread_scope;
+CREATE OR REPLACE FUNCTION messages_bi() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE conversations
+       SET window_version = window_version + 1,
+           review_due_at = CASE WHEN NEW.role = 'user'
+                                THEN coalesce(review_due_at, NEW.created_at)
+                                ELSE review_due_at END,
+           latest_message_at = greatest(latest_message_at, NEW.created_at)
+     WHERE agent_id = NEW.agent_id AND channel = NEW.channel AND chat_id = NEW.chat_id
+       AND thread_scope = NEW.thread_scope;
+    IF NEW.id IS NULL THEN
+        NEW.id := nextval('messages_id_seq');
+    END IF;
+    RETURN NEW;
+END $$;
