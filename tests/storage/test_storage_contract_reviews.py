@@ -202,6 +202,57 @@ def test_m7_the_sqlite_sweep_reads_the_due_index_not_the_messages(tmp_path: Path
     assert "conversations_due" in plan and "messages" not in plan
 
 
+def test_m7_an_append_to_a_conversation_already_due_writes_no_page_of_the_due_index(
+    tmp_path: Path,
+) -> None:
+    """Issue 25: the due time is set once, by the first waiting user message; later
+    appends move the conversation's window (its row is written) but leave the due index's
+    pages alone, so they cost no page of the log for it (the log's frames, read back)."""
+    path = tmp_path / "memory.db"
+    db = Database(path)
+    try:
+        first = say(db, "first")
+        before = _log_bytes(path)
+        for n, role in enumerate(["user", "assistant", "user"]):
+            say(db, f"more {n}", role=role)
+        written = _pages_logged(path, before)
+        assert due(db, now_ms()) == [KEY]
+        with db.read() as r:
+            assert r.window_mark(KEY)[0] == 4
+    finally:
+        db.close()
+    assert "conversations" in written and "messages" in written
+    assert "conversations_due" not in written
+    conn = apsw.Connection(str(path))
+    try:
+        rows = conn.execute("SELECT review_due_at FROM conversations").fetchall()
+    finally:
+        conn.close()
+    assert rows == [(first.created_at,)]
+
+
+def _log_bytes(path: Path) -> int:
+    return Path(f"{path}-wal").stat().st_size
+
+
+def _pages_logged(path: Path, start: int) -> set[str]:
+    """The b-trees (tables and indexes) whose pages the log holds past ``start`` bytes."""
+    log = Path(f"{path}-wal").read_bytes()
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        page_size = int(conn.execute("PRAGMA page_size").fetchall()[0][0])
+        owners = dict(conn.execute("SELECT pageno, name FROM dbstat").fetchall())
+    finally:
+        conn.close()
+    frame = 24 + page_size
+    offset = max(32, start)
+    pages = set()
+    while offset + frame <= len(log):
+        pages.add(int.from_bytes(log[offset : offset + 4], "big"))
+        offset += frame
+    return {owners[page] for page in pages if page in owners}
+
+
 # -- random histories against the rule the index replaces --------------------------------
 
 _INTERVAL_MS = 1_000
