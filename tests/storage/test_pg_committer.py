@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import random
 import re
 import select
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -27,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pg_server import PgServer
+from psycopg import pq
 
 from fermix.clock import now_ms
 from fermix.errors import InvalidInputError, StorageError, WriteFailedError
@@ -367,7 +370,7 @@ def test_an_insert_reads_no_message_whatever_its_plan(store: PgDatabase) -> None
     ``max(created_at)`` over the messages, a generic plan cached while the table was new
     read it by ``messages_owner``: every message of the agent, for each insert. No plan of
     an insert scans ``messages`` now, generic ones included."""
-    statements = [*pg_messages._INSERTS.values(), pg_messages._INSERT_ALL]
+    statements = [*pg_messages._INSERTS.values(), pg_messages.INSERT_ALL]
     with psycopg.connect(store.url, autocommit=True) as conn:
         for sql in statements:
             plan = [row[0] for row in conn.execute(f"EXPLAIN (GENERIC_PLAN) {_numbered(sql)}")]
@@ -418,21 +421,29 @@ def test_migration_7_gives_each_conversation_its_latest_message_time(
         db.close()
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["keyed", "plain"])
 @pytest.mark.parametrize("pipelined", MODES)
 def test_a_lost_connection_is_retried_on_a_new_one(
-    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+    pipelined: bool, plain: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
 ) -> None:
     """The server ends the write connection (a restart, a failover): the next batch fails
-    once, transiently, and commits on a new connection."""
+    once, transiently, and commits on a new connection; a plain append's statements,
+    prepared on the old one, are prepared again on it."""
     committer = open_committer(pipelined=pipelined, retry=RetryPolicy(), name="fermix-writer")
-    committer.run(append_unit(KEY, "before"))
+
+    def appended(content: str) -> str:
+        if plain:
+            return str(committer.run(plain_append(KEY, content)).message.content)
+        return str(committer.run(append_unit(KEY, content)).content)
+
+    appended("before")
     with psycopg.connect(store.url, autocommit=True) as admin:
         ended = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND application_name = 'fermix-writer'"
         ).fetchall()
     assert ended == [(True,)]
-    assert committer.run(append_unit(KEY, "after")).content == "after"
+    assert appended("after") == "after"
     assert committer.transient_failures == 1
     with store.read() as r:
         assert [m.content for m in r.messages(KEY)] == ["before", "after"]
@@ -497,6 +508,47 @@ def test_a_run_of_plain_appends_is_stored_in_one_touch_and_one_insert(
             assert (state.owner_id, state.trust) == ("alice", "operator")
             assert r.window_mark(key)[0] == 1
             assert _due(store, key) == result.message.created_at
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_a_batch_that_is_one_run_of_plain_appends_is_one_round_trip(
+    pipelined: bool, store: PgDatabase, tmp_path: Path
+) -> None:
+    """Issue 25: a batch of plain appends, and nothing else, goes out as one simple query
+    (``BEGIN``, its touch and its insert run as statements prepared once per connection,
+    ``COMMIT``): the server is waited for once, whatever the mode. The messages are
+    committed, as another connection reads them."""
+    trace = tmp_path / "libpq.trace"
+
+    def traced() -> psycopg.Connection[Any]:
+        conn = psycopg.connect(store.url, autocommit=True)
+        conn.pgconn.trace(os.open(trace, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        return conn
+
+    committer = PgCommitter(traced, retry=NO_RETRY, pipelined=pipelined)
+    sent = []
+    try:
+        for round_ in range(2):
+            outcomes = committer.run_many(
+                [(plain_append(key, f"round {round_}"), "append") for key in KEYS[:4]]
+            )
+            assert all(ok for ok, _ in outcomes)
+            sent.append(trace.read_text())
+    finally:
+        committer.close()
+    first, both = sent[0], sent[1]
+    second = both[len(first) :]
+    assert committer.grouped == 8
+    for batch, prepares in ((first, 2), (second, 0)):
+        to_server = [line.split("\t")[2] for line in batch.splitlines() if line.startswith("F")]
+        assert to_server.count("Query") == prepares + 1
+        assert "Sync" not in to_server and "Parse" not in to_server
+        assert batch.count('Query\t "PREPARE') == prepares
+    assert re.search(r'Query\t "BEGIN; SET LOCAL .*; EXECUTE .*; EXECUTE .*; COMMIT"', second)
+    with store.read() as r:
+        for key in KEYS[:4]:
+            assert [m.content for m in r.messages(key)] == ["round 0", "round 1"]
 
 
 @pytest.mark.parametrize("pipelined", MODES)
@@ -790,7 +842,8 @@ def test_threads_appending_over_lanes_keep_each_conversation_s_order(postgres_db
     commits, and each thread's appends to a conversation have ids (and times) in its call
     order; the lanes' commits are counted together (O1)."""
     db = PgDatabase(postgres_db, readers=1, writers=3)
-    keys = KEYS[:6]
+    # Lanes go by the keys' hashes, which change with each process's hash seed.
+    keys = [*KEYS[:5], next(k for k in KEYS[5:] if db.lane_of(k) != db.lane_of(KEYS[0]))]
     threads, rounds = 6, 15
     errors: list[BaseException] = []
     results: dict[int, list[Any]] = {t: [] for t in range(threads)}

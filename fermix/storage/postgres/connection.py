@@ -43,6 +43,8 @@ Params: TypeAlias = tuple[Any, ...] | list[Any]
 
 _pipelines: weakref.WeakKeyDictionary[Conn, psycopg.Pipeline] = weakref.WeakKeyDictionary()
 """The open :func:`pipeline` of each connection in one (the write connection, during a batch)."""
+_prepared: weakref.WeakKeyDictionary[Conn, set[str]] = weakref.WeakKeyDictionary()
+"""The statements :func:`execute_prepared` prepared on each connection, by name."""
 
 
 def remote(conn: Conn) -> bool:
@@ -138,6 +140,40 @@ def execute(conn: Conn, sql: str, params: Params = ()) -> int:
     """Run one statement; return how many rows it changed (SQLite's ``changes()``). When
     the count does not matter, :func:`send` saves the round trip in a pipeline."""
     return _run(conn, sql, params).rowcount
+
+
+def script(conn: Conn, statements: Sequence[str]) -> list[list[TupleRow]]:
+    """Run ``statements`` (SQL without parameters: values quoted by :func:`literal`) as one
+    simple query, in one round trip; the rows each returned (none for a statement without
+    rows). The first that fails ends the query and is raised; those after it do not run.
+    Not in a :func:`pipeline`, which sends no simple query."""
+    try:
+        cursor = conn.execute("; ".join(statements))  # no parameters: a simple query
+    except psycopg.DataError as exc:
+        raise _input_error(exc) from None
+    results = []
+    while True:
+        results.append(cursor.fetchall() if cursor.description is not None else [])
+        if not cursor.nextset():
+            return results
+
+
+def literal(conn: Conn, value: str) -> str:
+    """``value`` as an SQL string literal, quoted by libpq for ``conn``'s server."""
+    return bytes(pq.Escaping(conn.pgconn).escape_literal(value.encode())).decode()
+
+
+def execute_prepared(conn: Conn, name: str, sql: str, param: str) -> str:
+    """The statement ``EXECUTE name(param)`` for a :func:`script`, ``sql`` (with one ``%s``)
+    prepared as ``name`` on ``conn`` first unless it was: planned once per connection, as
+    psycopg prepares a statement it runs often, where a simple query plans each time. To
+    be called with no transaction open (a ``PREPARE`` outlives any, and its name must not
+    be taken by a rolled-back one)."""
+    names = _prepared.setdefault(conn, set())
+    if name not in names:
+        conn.execute(f"PREPARE {name} AS {sql.replace('%s', '$1')}".encode())
+        names.add(name)
+    return f"EXECUTE {name}({literal(conn, param)})"
 
 
 def rows_param(rows: Sequence[Sequence[Any]]) -> str:

@@ -47,7 +47,7 @@ def release_review(sql: Sql, key: ConversationKey, *, token: str) -> bool:
     return _lock_claimed(sql, key, token) and conversations.release_review(sql, key, token=token)
 
 
-_TOUCH_ALL = (
+TOUCH_ALL = (
     "INSERT INTO conversations AS c (agent_id, channel, chat_id, thread_scope, owner_id, trust,"
     " created_at, updated_at)"
     " SELECT e.r->>0, e.r->>1, e.r->>2, e.r->>3, e.r->>4, e.r->>5, (e.r->>6)::bigint,"
@@ -62,10 +62,14 @@ _TOUCH_ALL = (
 
 def touch_all(conn: Conn, rows: Sequence[tuple[ConversationKey, str, str]]) -> None:
     """:func:`fermix.storage.conversations.touch` of every ``(key, owner_id, trust)`` of
-    ``rows`` (distinct keys) in one statement, locking their rows in that order; sent
-    without waiting for its answer, as the touch is."""
+    ``rows`` (distinct keys) in one statement (:data:`TOUCH_ALL`), locking their rows in
+    that order; sent without waiting for its answer, as the touch is."""
+    send(conn, TOUCH_ALL, (touch_all_param(rows),))
+
+
+def touch_all_param(rows: Sequence[tuple[ConversationKey, str, str]]) -> str:
+    """The one parameter of :data:`TOUCH_ALL` that touches ``rows``."""
     for _, _, trust in rows:
         check_trust(trust)
     ts = now_ms()
-    sent = [(*key.as_tuple(), owner_id, trust, ts) for key, owner_id, trust in rows]
-    send(conn, _TOUCH_ALL, (rows_param(sent),))
+    return rows_param([(*key.as_tuple(), owner_id, trust, ts) for key, owner_id, trust in rows])

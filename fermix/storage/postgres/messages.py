@@ -11,9 +11,9 @@ and :func:`~fermix.storage.fulltext.rank`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 from fermix.clock import now_ms
 from fermix.model import ConversationKey, Message, NewMessage
@@ -116,7 +116,7 @@ _ITS_KEY = (
 )
 """The row ``i``'s conversation: scalar subqueries by it are primary-key lookups whatever
 the plan (a join could be planned as a scan of every conversation, and cached so)."""
-_INSERT_ALL = (
+INSERT_ALL = (
     "INSERT INTO messages (agent_id, owner_id, channel, chat_id, thread_scope, sender, role,"
     " kind, content, metadata_json, created_at, client_key, stems, trust)"
     " SELECT i.agent_id, i.owner_id, i.channel, i.chat_id, i.thread_scope, i.sender, i.role,"
@@ -149,12 +149,26 @@ def insert_all(conn: Conn, news: Sequence[NewMessage], documents: Sequence[str])
     on this machine's 2 cores, where ``json.dumps`` takes 20 (issue 25: the group commit's
     leader does it while every caller of its batch waits).
     """
+    param, read = insert_all_param(news, documents)
+    return read(fetch_rows(conn, INSERT_ALL, (param,)))
+
+
+_Values: TypeAlias = tuple[str, str, str, str, str, str, str, str, str, str]
+"""A message's own values, from its agent to its metadata, as :class:`Message` takes them."""
+
+
+def insert_all_param(
+    news: Sequence[NewMessage], documents: Sequence[str]
+) -> tuple[str, Callable[[Sequence[Sequence[Any]]], list[Message]]]:
+    """The one parameter of :data:`INSERT_ALL` that inserts ``news`` with ``documents``
+    (as :func:`insert_all` does), and what makes the stored messages of the rows it
+    returns."""
     now = now_ms()
-    rows: list[tuple[Any, ...]] = []
+    rows: list[_Values] = []
     sent: list[tuple[Any, ...]] = []
     for new, stemmed in zip(news, documents, strict=True):
         assert new.client_key is None  # the run of plain appends: no key to answer under
-        values = (
+        values: _Values = (
             *new.key.as_tuple()[:1],
             new.owner_id,
             *new.key.as_tuple()[1:],
@@ -166,14 +180,16 @@ def insert_all(conn: Conn, news: Sequence[NewMessage], documents: Sequence[str])
         )
         rows.append(values)
         sent.append((*values, now, stemmed, new.trust))
-    stored = {
-        tuple(found[3:]): found[:3] for found in fetch_rows(conn, _INSERT_ALL, (rows_param(sent),))
-    }
-    out: list[Message] = []
-    for new, values in zip(news, rows, strict=True):
-        message_id, stored_at, trust = stored[new.key.as_tuple()]
-        out.append(Message(int(message_id), *values, int(stored_at), trust, None))
-    return out
+
+    def read(returned: Sequence[Sequence[Any]]) -> list[Message]:
+        stored = {tuple(found[3:]): found[:3] for found in returned}
+        out: list[Message] = []
+        for new, values in zip(news, rows, strict=True):
+            message_id, stored_at, trust = stored[new.key.as_tuple()]
+            out.append(Message(int(message_id), *values, int(stored_at), trust, None))
+        return out
+
+    return rows_param(sent), read
 
 
 # -- search ----------------------------------------------------------------------------
