@@ -608,6 +608,36 @@ def test_a_batch_whose_first_append_s_row_is_locked_waits_for_it_with_its_first_
         assert [m.content for m in r.messages(OTHER)] == ["free"]
 
 
+@given(
+    texts=st.lists(
+        st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=40)
+        | st.sampled_from(["%s", "%%s %(x)s", "$1", "'; COMMIT; DROP TABLE messages; --", "\\'"]),
+        min_size=1,
+        max_size=4,
+    )
+)
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_any_text_goes_through_a_one_query_batch_unchanged(
+    texts: list[str], store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """Issue 25: the one-query batch quotes its rows on the client (libpq's quoting of the
+    JSON): any text, placeholders, quotes, backslashes and statements included, is stored
+    and read back as it was sent, and nothing else runs."""
+    committer = open_committer(pipelined=False)
+    run = uuid.uuid4().hex[:8]
+    keys = [ConversationKey("agent", "hostile", f"{run}-{n}") for n in range(len(texts))]
+    outcomes = committer.run_many(
+        [(plain_append(key, text), "append") for key, text in zip(keys, texts, strict=True)]
+    )
+    assert [result.message.content for _, result in outcomes] == texts
+    assert committer.grouped >= len(texts)  # stored together, in the one query
+    with store.read() as r:
+        for key, text in zip(keys, texts, strict=True):
+            assert [m.content for m in r.messages(key)] == [text]
+
+
 def test_a_stemmed_append_stores_the_stems_its_message_would_get_alone(
     store: PgDatabase, open_committer: Callable[..., PgCommitter]
 ) -> None:
