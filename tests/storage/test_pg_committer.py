@@ -552,6 +552,32 @@ def test_a_batch_that_is_one_run_of_plain_appends_is_one_round_trip(
 
 
 @pytest.mark.parametrize("pipelined", MODES)
+def test_a_one_query_batch_prepares_again_what_psycopg_deallocated(
+    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+) -> None:
+    """Issue 25: psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK`` on a connection
+    where it prepared statements of its own, which drops the one-query batch's too: the
+    next batch prepares them again and still stores its appends together, in one query."""
+    committer = open_committer(pipelined=pipelined)
+    committer.run_many([(plain_append(key, "first"), "append") for key in KEYS[:2]])
+    for n in range(8):  # psycopg prepares a statement it ran 5 times
+        committer.run(append_unit(KEYS[2], f"keyed {n}"))
+
+    def failing(writes: Any) -> None:
+        writes.touch_known(KEYS[3], "alice", "operator")
+        raise ValueError("a unit that fails: its batch is rolled back")
+
+    with pytest.raises(ValueError, match="rolled back"):
+        committer.run(failing)
+    grouped = committer.grouped
+    outcomes = committer.run_many([(plain_append(key, "after"), "append") for key in KEYS[:2]])
+    assert all(ok for ok, _ in outcomes)
+    assert committer.grouped == grouped + 2
+    with store.read() as r:
+        assert [m.content for m in r.messages(KEYS[1])] == ["first", "after"]
+
+
+@pytest.mark.parametrize("pipelined", MODES)
 def test_a_run_of_plain_appends_meeting_a_locked_row_goes_to_the_next_batch_whole(
     pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
 ) -> None:

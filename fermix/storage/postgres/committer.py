@@ -117,6 +117,7 @@ from fermix.storage.leaders import GroupCommit, Unit
 from fermix.storage.postgres.connection import (
     Conn,
     execute_prepared,
+    forget_prepared,
     pipeline,
     remote,
     script,
@@ -260,17 +261,26 @@ class PgCommitter(GroupCommit):
             for new, (_, stems) in zip(news, appends, strict=True)
         ]
         insert, read = insert_all_param(news, documents)
-        statements = [
-            "BEGIN",
-            NO_WAITING,
-            execute_prepared(conn, "fermix_touch_all", TOUCH_ALL, touch),
-            execute_prepared(conn, "fermix_insert_all", INSERT_ALL, insert),
-            "COMMIT",
-        ]
-        try:
-            *_, returned, _ = script(conn, statements)
-        except psycopg.errors.LockNotAvailable:
-            return 0
+        for attempt in range(2):
+            statements = [
+                "BEGIN",
+                NO_WAITING,
+                execute_prepared(conn, "fermix_touch_all", TOUCH_ALL, touch),
+                execute_prepared(conn, "fermix_insert_all", INSERT_ALL, insert),
+                "COMMIT",
+            ]
+            try:
+                *_, returned, _ = script(conn, statements)
+                break
+            except psycopg.errors.LockNotAvailable:
+                return 0
+            except psycopg.errors.InvalidSqlStatementName:
+                # psycopg deallocates every statement prepared on its connection after a
+                # ROLLBACK or DDL there (its own cache's rule), ours too: prepare again.
+                if attempt:
+                    raise
+                self._rollback()
+                forget_prepared(conn)
         for unit, result in zip(batch, read(returned), strict=True):
             unit.value = AppendResult(result, replayed=False)
         self.grouped += len(appends)

@@ -158,6 +158,13 @@ def script(conn: Conn, statements: Sequence[str]) -> list[list[TupleRow]]:
             return results
 
 
+def forget_prepared(conn: Conn) -> None:
+    """Forget what :func:`execute_prepared` prepared on ``conn``: the server no longer has
+    it (psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK`` or DDL on a connection where
+    it prepared statements of its own)."""
+    _prepared.pop(conn, None)
+
+
 def literal(conn: Conn, value: str) -> str:
     """``value`` as an SQL string literal, quoted by libpq for ``conn``'s server."""
     return bytes(pq.Escaping(conn.pgconn).escape_literal(value.encode())).decode()
@@ -168,7 +175,8 @@ def execute_prepared(conn: Conn, name: str, sql: str, param: str) -> str:
     prepared as ``name`` on ``conn`` first unless it was: planned once per connection, as
     psycopg prepares a statement it runs often, where a simple query plans each time. To
     be called with no transaction open (a ``PREPARE`` outlives any, and its name must not
-    be taken by a rolled-back one)."""
+    be taken by a rolled-back one). A statement the server no longer has fails with
+    ``InvalidSqlStatementName``: then :func:`forget_prepared`, and call again."""
     names = _prepared.setdefault(conn, set())
     if name not in names:
         conn.execute(f"PREPARE {name} AS {sql.replace('%s', '$1')}".encode())
