@@ -159,9 +159,9 @@ def script(conn: Conn, statements: Sequence[str]) -> list[list[TupleRow]]:
 
 
 def forget_prepared(conn: Conn) -> None:
-    """Forget what :func:`execute_prepared` prepared on ``conn``: the server no longer has
-    it (psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK`` or DDL on a connection where
-    it prepared statements of its own)."""
+    """Forget what :func:`execute_prepared` prepared on ``conn``, which then looks again
+    (psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK`` or DDL on a connection where it
+    prepared statements of its own, and not otherwise)."""
     _prepared.pop(conn, None)
 
 
@@ -179,7 +179,9 @@ def execute_prepared(conn: Conn, name: str, sql: str, param: str) -> str:
     ``InvalidSqlStatementName``: then :func:`forget_prepared`, and call again."""
     names = _prepared.setdefault(conn, set())
     if name not in names:
-        conn.execute(f"PREPARE {name} AS {sql.replace('%s', '$1')}".encode())
+        found = conn.execute("SELECT 1 FROM pg_prepared_statements WHERE name = %s", (name,))
+        if found.fetchone() is None:
+            conn.execute(f"PREPARE {name} AS {sql.replace('%s', '$1')}".encode())
         names.add(name)
     return f"EXECUTE {name}({literal(conn, param)})"
 
