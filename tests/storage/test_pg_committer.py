@@ -576,6 +576,52 @@ def test_a_one_query_batch_prepares_again_what_psycopg_deallocated(
         assert [m.content for m in r.messages(KEYS[1])] == ["first", "after"]
 
 
+class _PoolerLike(psycopg.Connection[Any]):
+    """A connection as a pooler in transaction mode gives one: what a session prepared by
+    name with SQL ``PREPARE`` is gone by its next transaction (another server session
+    runs it). psycopg's own prepared statements are left alone (PgBouncer keeps those)."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        if self.info.transaction_status == pq.TransactionStatus.IDLE:
+            names = (
+                super()
+                .execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'fermix%'")
+                .fetchall()
+            )
+            for (name,) in names:
+                super().execute(f"DEALLOCATE {name}")
+        return super().execute(query, params, **kwargs)
+
+
+@pytest.mark.parametrize("pipelined", MODES)
+def test_behind_a_transaction_pooler_batches_go_statement_by_statement(
+    pipelined: bool, store: PgDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 25: the one-query batch's statements, prepared by name, vanish between
+    transactions behind a pooler in transaction mode: once they are gone right after being
+    prepared, the committer runs its batches statement by statement, and every append of
+    every batch is stored, in order."""
+    committer = PgCommitter(
+        lambda: _PoolerLike.connect(store.url, autocommit=True),
+        retry=NO_RETRY,
+        pipelined=pipelined,
+    )
+    try:
+        with caplog.at_level(logging.INFO, logger="fermix.storage.postgres.committer"):
+            for round_ in range(3):
+                outcomes = committer.run_many(
+                    [(plain_append(key, f"round {round_}"), "append") for key in KEYS[:3]]
+                )
+                assert all(ok for ok, _ in outcomes)
+    finally:
+        committer.close()
+    assert "named statements do not last" in caplog.text
+    assert committer.grouped == 9
+    with store.read() as r:
+        for key in KEYS[:3]:
+            assert [m.content for m in r.messages(key)] == ["round 0", "round 1", "round 2"]
+
+
 @pytest.mark.parametrize("pipelined", MODES)
 def test_a_run_of_plain_appends_meeting_a_locked_row_goes_to_the_next_batch_whole(
     pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]

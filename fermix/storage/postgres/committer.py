@@ -173,6 +173,9 @@ class PgCommitter(GroupCommit):
         """Units left for a later batch because a row they needed was locked."""
         self.grouped = 0
         """Appends stored with others in one touch and one insert (:func:`_append_all`)."""
+        self._named = True
+        """Whether a batch that is one run of plain appends goes out as one query
+        (:meth:`_run_whole`): until its statements prepared by name vanish right away."""
 
     def _close_connection(self) -> None:
         self._conn.close()
@@ -204,15 +207,10 @@ class PgCommitter(GroupCommit):
                 grouped = not first_waits and _plain_append(batch[0]) is not None
                 if grouped and absorb and self._queue:
                     self._absorb(batch)  # those queued by now join the first run
-                if grouped and len(_plain_run(batch, 0)) == len(batch):
-                    left = self._run_whole(conn, batch)
+                if self._named and grouped and len(_plain_run(batch, 0)) == len(batch):
+                    left = self._run_whole(conn, batch, absorb=absorb)
                 else:
-                    with pipeline(conn) if self._pipelined else contextlib.nullcontext():
-                        self._begin(conn, waiting=not grouped)
-                        self._session.drop_known()
-                        left = self._run(conn, batch, absorb=absorb, grouped=grouped)
-                        if left is None:
-                            send(conn, "COMMIT")
+                    left = self._run_statements(conn, batch, absorb=absorb, grouped=grouped)
             except TRANSIENT_ERRORS:
                 self._rollback()
                 raise
@@ -247,11 +245,30 @@ class PgCommitter(GroupCommit):
         for unit in batch:
             unit.ok = True
 
-    def _run_whole(self, conn: Conn, batch: list[Unit]) -> int | None:
+    def _run_statements(
+        self, conn: Conn, batch: list[Unit], *, absorb: bool, grouped: bool
+    ) -> int | None:
+        """Run ``batch`` statement by statement (:meth:`_run`), pipelined with a remote
+        server, and commit it unless a unit would have waited for a lock (its index)."""
+        with pipeline(conn) if self._pipelined else contextlib.nullcontext():
+            self._begin(conn, waiting=not grouped)
+            self._session.drop_known()
+            left = self._run(conn, batch, absorb=absorb, grouped=grouped)
+            if left is None:
+                send(conn, "COMMIT")
+        return left
+
+    def _run_whole(self, conn: Conn, batch: list[Unit], *, absorb: bool) -> int | None:
         """Run and commit ``batch``, one run of plain appends, in one simple query:
         ``BEGIN`` with :data:`NO_WAITING`, the touch, the insert and ``COMMIT``, one round
         trip. None once committed, or 0 when a row of the run was locked (nothing of it
-        then ran: the batch's first unit is to wait for its own)."""
+        then ran: the batch's first unit is to wait for its own).
+
+        The touch and the insert are statements prepared by name on the connection
+        (session state). When they are gone again right after being prepared, a pooler in
+        transaction mode hands this connection's transactions to other server sessions:
+        from then on this committer runs its batches statement by statement, as psycopg's
+        own prepared statements pass such a pooler (PgBouncer's ``max_prepared_statements``)."""
         appends = _plain_run(batch, 0)
         self._session.drop_known()
         touch = touch_all_param([(a.new.key, a.owner_id, a.trust) for a, _ in appends])
@@ -262,25 +279,30 @@ class PgCommitter(GroupCommit):
         ]
         insert, read = insert_all_param(news, documents)
         for attempt in range(2):
-            statements = [
-                "BEGIN",
-                NO_WAITING,
-                execute_prepared(conn, "fermix_touch_all", TOUCH_ALL, touch),
-                execute_prepared(conn, "fermix_insert_all", INSERT_ALL, insert),
-                "COMMIT",
-            ]
             try:
+                statements = [
+                    "BEGIN",
+                    NO_WAITING,
+                    execute_prepared(conn, "fermix_touch_all", TOUCH_ALL, touch),
+                    execute_prepared(conn, "fermix_insert_all", INSERT_ALL, insert),
+                    "COMMIT",
+                ]
                 *_, returned, _ = script(conn, statements)
                 break
             except psycopg.errors.LockNotAvailable:
                 return 0
-            except psycopg.errors.InvalidSqlStatementName:
+            except (
+                psycopg.errors.InvalidSqlStatementName,
+                psycopg.errors.DuplicatePreparedStatement,
+            ):
                 # psycopg deallocates every statement prepared on its connection after a
                 # ROLLBACK or DDL there (its own cache's rule), ours too: prepare again.
-                if attempt:
-                    raise
                 self._rollback()
                 forget_prepared(conn)
+                if attempt:
+                    log.info("named statements do not last on this connection (a pooler?)")
+                    self._named = False
+                    return self._run_statements(conn, batch, absorb=absorb, grouped=True)
         for unit, result in zip(batch, read(returned), strict=True):
             unit.value = AppendResult(result, replayed=False)
         self.grouped += len(appends)
