@@ -552,7 +552,10 @@ def test_a_batch_that_is_one_run_of_plain_appends_is_one_round_trip(
 
 @pytest.mark.parametrize("pipelined", MODES)
 def test_a_one_query_batch_prepares_again_what_psycopg_deallocated(
-    pipelined: bool, store: PgDatabase, open_committer: Callable[..., PgCommitter]
+    pipelined: bool,
+    store: PgDatabase,
+    open_committer: Callable[..., PgCommitter],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Issue 25: psycopg sends ``DEALLOCATE ALL`` after a ``ROLLBACK`` on a connection
     where it prepared statements of its own, which drops the one-query batch's too: the
@@ -569,11 +572,21 @@ def test_a_one_query_batch_prepares_again_what_psycopg_deallocated(
     with pytest.raises(ValueError, match="rolled back"):
         committer.run(failing)
     grouped = committer.grouped
-    outcomes = committer.run_many([(plain_append(key, "after"), "append") for key in KEYS[:2]])
-    assert all(ok for ok, _ in outcomes)
-    assert committer.grouped == grouped + 2
+    with caplog.at_level(logging.INFO, logger="fermix.storage.postgres.committer"):
+        for n in range(3):
+            outcomes = committer.run_many(
+                [(plain_append(key, f"after {n}"), "append") for key in KEYS[:2]]
+            )
+            assert all(ok for ok, _ in outcomes)
+    assert committer.grouped == grouped + 6
+    assert "named statements do not last" not in caplog.text  # no pooler here
     with store.read() as r:
-        assert [m.content for m in r.messages(KEYS[1])] == ["first", "after"]
+        assert [m.content for m in r.messages(KEYS[1])] == [
+            "first",
+            "after 0",
+            "after 1",
+            "after 2",
+        ]
 
 
 class _PoolerLike(psycopg.Connection[Any]):
