@@ -224,7 +224,11 @@ def test_i2_clear_session_starts_a_fresh_window_and_keeps_the_history_for_recall
         },
     }
     found = json.loads(memory.tools.run(call, session.conversation))
-    assert [h["content"] for h in found["history"]] == ["I live in zanzibarporto."]
+    # The reply joins the hits once the background embedder has stored its vector (it
+    # shares "porto"); the message that holds the word comes first either way.
+    contents = [h["content"] for h in found["history"]]
+    assert contents[0] == "I live in zanzibarporto."
+    assert set(contents) <= {"I live in zanzibarporto.", "Porto is lovely."}
 
 
 # -- instructions and tools -----------------------------------------------------------------
