@@ -155,7 +155,11 @@ def uncount(sql: Sql, gone: Sequence[PendingText]) -> None:
                 f" AND token IN (SELECT CAST(value AS BIGINT) FROM {items})",
                 (n, scope_id, json.dumps(same)),
             )
-        sql.run("DELETE FROM embedding_tokens WHERE scope_id = ? AND count <= 0", (scope_id,))
+        sql.run(  # only a token just taken out can have reached nothing
+            "DELETE FROM embedding_tokens WHERE scope_id = ? AND count <= 0"
+            f" AND token IN (SELECT CAST(value AS BIGINT) FROM {items})",
+            (scope_id, json.dumps(list(counts))),
+        )
 
 
 def split_total(rows: Iterable[Sequence[Any]]) -> tuple[dict[int, int], int]:

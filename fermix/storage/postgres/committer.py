@@ -111,7 +111,7 @@ import psycopg
 import psycopg.errors
 from psycopg import pq
 
-from fermix.model import AppendResult, ConversationKey
+from fermix.model import AppendResult, ConversationKey, NewMessage
 from fermix.storage.appending import AppendUnit
 from fermix.storage.leaders import GroupCommit, Unit
 from fermix.storage.postgres.connection import (
@@ -207,8 +207,9 @@ class PgCommitter(GroupCommit):
                 grouped = not first_waits and _plain_append(batch[0]) is not None
                 if grouped and absorb and self._queue:
                     self._absorb(batch)  # those queued by now join the first run
-                if self._named and grouped and len(_plain_run(batch, 0)) == len(batch):
-                    left = self._run_whole(conn, batch, absorb=absorb)
+                appends = _plain_run(batch, 0) if grouped and self._named else []
+                if appends and len(appends) == len(batch):
+                    left = self._run_whole(conn, batch, appends, absorb=absorb)
                 else:
                     left = self._run_statements(conn, batch, absorb=absorb, grouped=grouped)
             except TRANSIENT_ERRORS:
@@ -258,25 +259,27 @@ class PgCommitter(GroupCommit):
                 send(conn, "COMMIT")
         return left
 
-    def _run_whole(self, conn: Conn, batch: list[Unit], *, absorb: bool) -> int | None:
-        """Run and commit ``batch``, one run of plain appends, in one simple query:
-        ``BEGIN`` with :data:`NO_WAITING`, the touch, the insert and ``COMMIT``, one round
-        trip. None once committed, or 0 when a row of the run was locked (nothing of it
-        then ran: the batch's first unit is to wait for its own).
+    def _run_whole(
+        self,
+        conn: Conn,
+        batch: list[Unit],
+        appends: list[tuple[AppendUnit, str | None]],
+        *,
+        absorb: bool,
+    ) -> int | None:
+        """Run and commit ``batch``, one run of plain appends (``appends``, its units' own),
+        in one simple query: ``BEGIN`` with :data:`NO_WAITING`, the touch, the insert and
+        ``COMMIT``, one round trip. None once committed, or 0 when a row of the run was
+        locked (nothing of it then ran: the batch's first unit is to wait for its own).
 
         The touch and the insert are statements prepared by name on the connection
         (session state). When they are gone again right after being prepared, a pooler in
         transaction mode hands this connection's transactions to other server sessions:
         from then on this committer runs its batches statement by statement, as psycopg's
         own prepared statements pass such a pooler (PgBouncer's ``max_prepared_statements``)."""
-        appends = _plain_run(batch, 0)
         self._session.drop_known()
-        touch = touch_all_param([(a.new.key, a.owner_id, a.trust) for a, _ in appends])
-        news = [a.new for a, _ in appends]
-        documents = [
-            document(new.content, new.key, new.owner_id) if stems is None else stems
-            for new, (_, stems) in zip(news, appends, strict=True)
-        ]
+        touched, news, documents = _run_rows(appends)
+        touch = touch_all_param(touched)
         insert, read = insert_all_param(news, documents)
         for attempt in range(2):
             try:
@@ -501,11 +504,22 @@ def _append_all(
     knows of those rows is dropped: a later unit of the batch that gives one of them its
     earlier owner or trust back touches it again."""
     session.drop_known()
-    touch_all(conn, [(a.new.key, a.owner_id, a.trust) for a, _ in appends])
+    touched, news, documents = _run_rows(appends)
+    touch_all(conn, touched)
+    stored = insert_all(conn, news, documents)
+    return [AppendResult(message, replayed=False) for message in stored]
+
+
+def _run_rows(
+    appends: list[tuple[AppendUnit, str | None]],
+) -> tuple[list[tuple[ConversationKey, str, str]], list[NewMessage], list[str]]:
+    """What a run of plain appends touches and inserts: each conversation's ``(key,
+    owner_id, trust)``, the messages, and their stems (made here for an append whose caller
+    did not make them)."""
+    touched = [(a.new.key, a.owner_id, a.trust) for a, _ in appends]
     news = [a.new for a, _ in appends]
     documents = [
         document(new.content, new.key, new.owner_id) if stems is None else stems
         for new, (_, stems) in zip(news, appends, strict=True)
     ]
-    stored = insert_all(conn, news, documents)
-    return [AppendResult(message, replayed=False) for message in stored]
+    return touched, news, documents
