@@ -4,11 +4,13 @@ the OpenAI Agents SDK's session and Pydantic AI's history alike."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from model_server import ModelServer
 
+from fermix.core import composer
 from fermix.surface import ConversationSurface, MemorySurface
 
 ROLES = ["user", "assistant", "tool", "assistant", "user", "assistant"]
@@ -40,3 +42,62 @@ def assert_turns_stored(conversation: ConversationSurface, memory: MemorySurface
     assert state is not None and state.peak_prompt_tokens == 345
     rows = memory.list_rows(agent_id="assistant", key="job")
     assert [r.value for r in rows] == ["nurse in Porto"]
+
+
+# -- the prompt files of a run's requests (P1, M11) -----------------------------------------
+
+LEARNED = "zanzibartea"
+"""The preference a review stores in the middle of :func:`script_review_during_a_turn`."""
+
+
+def script_review_during_a_turn(
+    model_server: ModelServer, memory: Any, conversation: ConversationSurface, monkeypatch: Any
+) -> None:
+    """A turn whose first model request calls memory_recall, and whose tool call then waits
+    for a review of the conversation (of an earlier turn's user message) that adds a
+    preference to USER.md, as a review in the background may finish while a run goes on;
+    then a reply. The run's first request is to be sent without the preference, its second
+    with it."""
+    conversation.append_user("I drink tea every morning.")
+    tools = memory.tools
+    real_run = tools.run
+
+    def run_then_review(call: Any, caller: Any) -> str:
+        answer: str = real_run(call, caller)
+        memory.review(conversation)
+        return answer
+
+    monkeypatch.setattr(tools, "run", run_then_review)
+    model_server.reply_tool_call("memory_recall", {"query": "drink"})
+    op = {"op": "add", "category": "preference", "key": "drink", "value": f"Likes {LEARNED}"}
+    model_server.reply_json({"operations": [op]})
+    model_server.reply("Tea it is.")
+
+
+def assert_learned_from_the_second_request(
+    model_server: ModelServer, model: str, conversation: ConversationSurface, system: str
+) -> None:
+    """Of :func:`script_review_during_a_turn`'s run: its first request to ``model`` was
+    sent without the preference, its second with it, as fermix's instructions are now."""
+    first, second = [r for r in model_server.requests if r["model"] == model]
+    assert LEARNED not in first["messages"][0]["content"]
+    assert LEARNED in second["messages"][0]["content"]
+    expected = composer.instructions(system, *conversation.memory_files())
+    assert second["messages"][0] == {"role": "system", "content": expected}
+
+
+class ThreadHops:
+    """Counts the ``asyncio.to_thread`` calls of fermix's functions (and of this module's),
+    by the name of the function each hands over; the framework's own are not counted."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.names: list[str] = []
+        real = asyncio.to_thread
+
+        async def counted(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+            module = getattr(func, "__module__", None) or ""
+            if module.startswith("fermix") or module == __name__:
+                self.names.append(func.__name__)
+            return await real(func, *args, **kwargs)
+
+        monkeypatch.setattr(asyncio, "to_thread", counted)

@@ -47,6 +47,7 @@ from agents.tool_context import ToolContext
 
 from fermix.core import commands, composer
 from fermix.errors import AccessDeniedError, InvalidInputError
+from fermix.integrations.prompt_files import FilesAhead
 from fermix.model import ConversationKey, JobCaller, Message, NewMessage
 from fermix.surface import ConversationSurface, MemorySurface
 
@@ -110,6 +111,8 @@ class FermixSession(SessionABC):
         """The notice of the last preflight that compacted (for the host to send), else None."""
         self._lock = threading.Lock()
         self._needs_preflight = True
+        self._ahead = FilesAhead(self.conversation)
+        """The prompt files read with the window, for :meth:`instructions`."""
 
     def __repr__(self) -> str:
         return f"FermixSession({self.conversation!r})"
@@ -129,6 +132,7 @@ class FermixSession(SessionABC):
             if self._needs_preflight:
                 self.notice = self.conversation.preflight()
                 self._needs_preflight = False
+            self._ahead.read()
             if limit == 0:
                 return []
             items = [item for message in self.conversation.history() for item in items_of(message)]
@@ -165,6 +169,7 @@ class FermixSession(SessionABC):
                     usage = None if peak is None else {"prompt_tokens": peak}
                     conv.commit(entry.text, usage, metadata=metadata)
                     self._needs_preflight = True
+                    self._ahead.drop()
                 elif entry.role == "user":
                     conv.append_user(entry.text, metadata=metadata)
                 else:
@@ -239,9 +244,17 @@ class FermixSession(SessionABC):
     def instructions(
         self, system: str
     ) -> Callable[[RunContextWrapper[Any], Agent[Any]], Awaitable[str]]:
-        """``system`` and this conversation's memory, for ``Agent(instructions=...)``
-        (:func:`memory_instructions`)."""
-        return memory_instructions(self.conversation, system)
+        """``system`` and this conversation's memory, for ``Agent(instructions=...)``, as
+        :func:`memory_instructions` gives them, read afresh for every model call; the first
+        call after :meth:`get_items` takes the files that call read with the window, which
+        saves the run a hop to a worker thread (:mod:`fermix.integrations.prompt_files`)."""
+        ahead = self._ahead
+        ahead.wanted = True
+
+        async def instructions(context: RunContextWrapper[Any], agent: Agent[Any]) -> str:
+            return await ahead.instructions(system)
+
+        return instructions
 
 
 def memory_tools(
@@ -291,9 +304,10 @@ def memory_instructions(
     order and with its labels, joined into the one instructions text the SDK sends.
     """
 
+    files = FilesAhead(conversation)  # never read ahead: each call reads them
+
     async def instructions(context: RunContextWrapper[Any], agent: Agent[Any]) -> str:
-        user_md, memory_md = await asyncio.to_thread(conversation.memory_files)
-        return composer.instructions(system, user_md, memory_md)
+        return await files.instructions(system)
 
     return instructions
 

@@ -61,6 +61,7 @@ from pydantic_ai.toolsets import FunctionToolset
 
 from fermix.core import composer
 from fermix.errors import InvalidInputError
+from fermix.integrations.prompt_files import FilesAhead
 from fermix.model import ConversationKey, JobCaller, Message, NewMessage
 from fermix.surface import ConversationSurface, MemorySurface
 
@@ -117,19 +118,25 @@ class FermixHistory:
         )
         self.notice: str | None = None
         """The notice of the last :meth:`messages` whose preflight compacted, else None."""
+        self._ahead = FilesAhead(self.conversation)
+        """The prompt files read with the window, for :meth:`instructions`."""
 
     def __repr__(self) -> str:
         return f"FermixHistory({self.conversation!r})"
 
     async def messages(self, *, preflight: bool = True) -> list[ModelMessage]:
         """The window as ``message_history``, oldest first; before a turn (``preflight``)
-        fermix first compacts when the last turn's peak calls for it (K3)."""
+        fermix first compacts when the last turn's peak calls for it (K3). Once this
+        history's :meth:`instructions` were asked for, the prompt files are read in the same
+        worker call, for the run's first model request."""
         return await asyncio.to_thread(self._messages, preflight)
 
     def _messages(self, preflight: bool) -> list[ModelMessage]:
         if preflight:
             self.notice = self.conversation.preflight()
-        return model_messages(self.conversation.history())
+        window = model_messages(self.conversation.history())
+        self._ahead.read()
+        return window
 
     async def save(self, messages: Sequence[ModelMessage]) -> None:
         """Store a run's ``new_messages()``, each acknowledged once committed (A1); the
@@ -152,6 +159,7 @@ class FermixHistory:
             if entry.reply:
                 usage = None if peak is None else {"prompt_tokens": peak}
                 stored = conv.commit(entry.text, usage, metadata=metadata)
+                self._ahead.drop()
             elif entry.role == "user":
                 stored = conv.append_user(entry.text, metadata=metadata)
             else:
@@ -179,8 +187,17 @@ class FermixHistory:
         return result
 
     def instructions(self, system: str) -> Callable[[RunContext[Any]], Awaitable[str]]:
-        """``system`` and this conversation's memory (:func:`memory_instructions`)."""
-        return memory_instructions(self.conversation, system)
+        """``system`` and this conversation's memory, as :func:`memory_instructions` gives
+        them, read afresh for every model request; the first request after
+        :meth:`messages` takes the files that call read with the window, which saves the
+        run a hop to a worker thread (:mod:`fermix.integrations.prompt_files`)."""
+        ahead = self._ahead
+        ahead.wanted = True
+
+        async def instructions(context: RunContext[Any]) -> str:
+            return await ahead.instructions(system)
+
+        return instructions
 
     def toolset(self) -> FunctionToolset[Any]:
         """fermix's memory tools for this conversation (:func:`memory_toolset`)."""
@@ -229,13 +246,13 @@ def memory_instructions(
 ) -> Callable[[RunContext[Any]], Awaitable[str]]:
     """Instructions for ``Agent(instructions=...)`` or ``agent.run(instructions=...)``:
     ``system``, then the operator's standing rules and the fenced ``<memory-context>``
-    block of ``conversation``'s USER.md and MEMORY.md, read fresh for every run (P1, M11):
-    the system messages fermix's ``compose`` puts before the history, in its order and with
-    its labels, as one text."""
+    block of ``conversation``'s USER.md and MEMORY.md, read afresh for every model request
+    (P1, M11): the system messages fermix's ``compose`` puts before the history, in its
+    order and with its labels, as one text."""
+    files = FilesAhead(conversation)  # never read ahead: each request reads them
 
     async def instructions(context: RunContext[Any]) -> str:
-        user_md, memory_md = await asyncio.to_thread(conversation.memory_files)
-        return composer.instructions(system, user_md, memory_md)
+        return await files.instructions(system)
 
     return instructions
 

@@ -33,7 +33,13 @@ from agents import (
 )
 from docs_page import section
 from factories import StartMemory, config_for
-from framework_turns import assert_turns_stored, script_turns
+from framework_turns import (
+    ThreadHops,
+    assert_learned_from_the_second_request,
+    assert_turns_stored,
+    script_review_during_a_turn,
+    script_turns,
+)
 from model_server import ModelServer
 from openai import AsyncOpenAI
 
@@ -805,3 +811,38 @@ def test_i2_the_docs_host_runs_as_written_with_a_memory_tool_call(
         assert [r.value for r in memory.list_rows(agent_id="assistant", key="job")] == [
             "nurse in Porto"
         ]
+
+
+def test_i2_p1_a_runs_first_call_takes_the_files_read_with_the_window_the_next_reads_afresh(
+    start_memory: StartMemory, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = start_memory(config_for(model_server))
+    session = FermixSession(memory, "assistant", "cli", "1", owner_id="ana", trust="operator")
+    script_review_during_a_turn(model_server, memory, session.conversation, monkeypatch)
+    hops = ThreadHops(monkeypatch)
+
+    assert run(turns(session, model_server, "What do I drink?")) == ["Tea it is."]
+
+    # The window with the files in one worker call; the second model call's files read
+    # afresh; no hop of the first call's own. (The SDK saves the input, then the rest.)
+    assert hops.names.count("memory_files") == 1
+    assert hops.names.index("memory_files") > hops.names.index("run_then_review")
+    assert hops.names.count("_get_items") == 1 and hops.names[0] == "_get_items"
+    assert_learned_from_the_second_request(model_server, AGENT_MODEL, session.conversation, SYSTEM)
+
+
+def test_i2_p1_files_read_ahead_and_not_taken_are_dropped_at_the_commit(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn whose instructions were never asked after get_items (a host that ran
+    another agent) leaves nothing for a later turn: its files are read again."""
+    session = FermixSession(memory, "assistant", "cli", "1", owner_id="ana", trust="operator")
+    instructions = session.instructions(SYSTEM)
+    run(session.get_items())
+    run(session.add_items([{"role": "assistant", "content": "hi"}]))  # the reply: a commit
+    hops = ThreadHops(monkeypatch)
+
+    text = run(instructions(None, None))  # type: ignore[arg-type]
+
+    assert hops.names == ["memory_files"]
+    assert text == composer.instructions(SYSTEM, *session.conversation.memory_files())

@@ -20,7 +20,13 @@ from typing import Any, TypeVar
 import pytest
 from docs_page import section
 from factories import StartMemory, config_for
-from framework_turns import assert_turns_stored, script_turns
+from framework_turns import (
+    ThreadHops,
+    assert_learned_from_the_second_request,
+    assert_turns_stored,
+    script_review_during_a_turn,
+    script_turns,
+)
 from model_server import ModelServer
 from pydantic import BaseModel
 from pydantic_ai import Agent
@@ -42,7 +48,12 @@ from fermix.api import Memory
 from fermix.core import composer
 from fermix.core.compaction import NOTICE
 from fermix.errors import AccessDeniedError, InvalidInputError
-from fermix.integrations.pydantic_ai import FermixHistory, model_messages
+from fermix.integrations.pydantic_ai import (
+    FermixHistory,
+    memory_instructions,
+    memory_toolset,
+    model_messages,
+)
 
 T = TypeVar("T")
 AGENT_MODEL = "agent"
@@ -351,3 +362,43 @@ def test_i4_the_docs_host_runs_as_written_with_a_memory_tool_call(
         assert [r.value for r in memory.list_rows(agent_id="assistant", key="job")] == [
             "nurse in Porto"
         ]
+
+
+def test_i4_p1_a_runs_first_request_takes_the_files_read_with_the_window_the_next_afresh(
+    start_memory: StartMemory, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    memory = start_memory(config_for(model_server))
+    history = FermixHistory(memory, "assistant", "cli", "1", owner_id="ana", trust="operator")
+    script_review_during_a_turn(model_server, memory, history.conversation, monkeypatch)
+    hops = ThreadHops(monkeypatch)
+
+    (result,) = run(turns(history, model_server, "What do I drink?"))
+
+    assert result.output == "Tea it is."
+    # The window and the files in one worker call, the tool, the second request's files
+    # read afresh, the save: no hop of its own for the first request's files.
+    assert hops.names == ["_messages", "run_then_review", "memory_files", "_write"]
+    assert_learned_from_the_second_request(model_server, AGENT_MODEL, history.conversation, SYSTEM)
+
+
+def test_i4_p1_without_the_historys_run_each_request_reads_the_files_itself(
+    start_memory: StartMemory, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """memory_instructions alone (a host that keeps its own history) reads no files ahead."""
+    memory = start_memory(config_for(model_server))
+    conversation = memory.conversation("assistant", "cli", "1", owner_id="ana", trust="operator")
+    script_review_during_a_turn(model_server, memory, conversation, monkeypatch)
+    hops = ThreadHops(monkeypatch)
+    agent = agent_on(model_server)
+
+    result = run(
+        agent.run(
+            "What do I drink?",
+            instructions=memory_instructions(conversation, SYSTEM),
+            toolsets=[memory_toolset(memory, conversation)],
+        )
+    )
+
+    assert result.output == "Tea it is."
+    assert hops.names == ["memory_files", "run_then_review", "memory_files"]
+    assert_learned_from_the_second_request(model_server, AGENT_MODEL, conversation, SYSTEM)
