@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pydantic import ValidationError
+from pydantic import StrictInt, TypeAdapter, ValidationError
 from pydantic_ai import Agent, RunContext, Tool
 from pydantic_ai.messages import (
     ModelMessage,
@@ -58,6 +58,7 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.toolsets import FunctionToolset
+from typing_extensions import TypedDict
 
 from fermix.core import composer
 from fermix.errors import InvalidInputError
@@ -338,6 +339,21 @@ def _peak_prompt_tokens(messages: Sequence[ModelMessage]) -> int | None:
 # -- fermix messages to ModelMessages -------------------------------------------------------
 
 
+class _Own(TypedDict, total=False):
+    message: ModelMessage
+    part_of: StrictInt
+
+
+class _Metadata(TypedDict, total=False):
+    pydantic_ai: _Own
+
+
+_METADATA: Final = TypeAdapter(_Metadata)
+"""A saved message's metadata read straight from its JSON: its ``ModelMessage`` built in
+one pass of pydantic-core, the other keys skipped (about 40 % less time than ``json.loads``
+then ``validate_python``: a 40-message window is read before every run)."""
+
+
 def model_messages(window: Sequence[Message]) -> list[ModelMessage]:
     """The ``ModelMessage``\\ s of a fermix window, oldest first: the ones saved, whole,
     and for a message fermix or another host wrote (or a part whose first message a
@@ -345,20 +361,38 @@ def model_messages(window: Sequence[Message]) -> list[ModelMessage]:
     out: list[ModelMessage] = []
     heads: set[int] = set()
     for message in window:
-        own = message.metadata.get(META_KEY) if META_KEY in message.metadata_json else None
-        if isinstance(own, Mapping):
-            if "message" in own:
-                try:
-                    out += ModelMessagesTypeAdapter.validate_python([own["message"]])
-                except ValidationError as exc:  # not one this version reads: its litellm form
-                    log.warning("message %d is read as its litellm form: %s", message.id, exc)
-                else:
-                    heads.add(message.id)
-                    continue
-            elif own.get("part_of") in heads:
-                continue
+        if META_KEY not in message.metadata_json:
+            out.append(_from_litellm(composer.history_message(message)))
+            continue
+        own: Mapping[str, Any] | None
+        try:
+            own = _METADATA.validate_json(message.metadata_json).get(META_KEY)
+        except ValidationError:  # not as this version saves them: looked at key by key
+            own = _own_by_key(message)
+        if own is not None and "message" in own:
+            out.append(own["message"])
+            heads.add(message.id)
+            continue
+        if own is not None and type(part_of := own.get("part_of")) is int and part_of in heads:
+            continue
         out.append(_from_litellm(composer.history_message(message)))
     return out
+
+
+def _own_by_key(message: Message) -> Mapping[str, Any] | None:
+    """``message``'s ``pydantic_ai`` metadata when it is not what this version saves: its
+    ``ModelMessage`` validated, or None (logged) when this version cannot read it."""
+    own = message.metadata.get(META_KEY)
+    if not isinstance(own, Mapping):
+        return None
+    if "message" not in own:
+        return own
+    try:
+        (read,) = ModelMessagesTypeAdapter.validate_python([own["message"]])
+    except ValidationError as exc:  # not one this version reads: its litellm form
+        log.warning("message %d is read as its litellm form: %s", message.id, exc)
+        return None
+    return {**own, "message": read}
 
 
 def _from_litellm(message: Mapping[str, Any]) -> ModelMessage:

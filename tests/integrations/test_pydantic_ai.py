@@ -27,6 +27,8 @@ from framework_turns import (
     script_review_during_a_turn,
     script_turns,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from model_server import ModelServer
 from pydantic import BaseModel
 from pydantic_ai import Agent
@@ -49,6 +51,7 @@ from fermix.core import composer
 from fermix.core.compaction import NOTICE
 from fermix.errors import AccessDeniedError, InvalidInputError
 from fermix.integrations.pydantic_ai import (
+    META_KEY,
     FermixHistory,
     memory_instructions,
     memory_toolset,
@@ -402,3 +405,89 @@ def test_i4_p1_without_the_historys_run_each_request_reads_the_files_itself(
     assert result.output == "Tea it is."
     assert hops.names == ["memory_files", "run_then_review", "memory_files"]
     assert_learned_from_the_second_request(model_server, AGENT_MODEL, conversation, SYSTEM)
+
+
+def test_i4_a_saved_message_this_version_cannot_read_is_read_as_its_litellm_form(
+    memory: Memory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A head from another version (a part kind unknown here) and the part that points at
+    it come back as their litellm forms, logged, as does a part whose head is no id and a
+    value that is no mapping; a well-formed head beside them (with other keys) whole."""
+    conv = memory.conversation("assistant", "cli", "1", owner_id="ana", trust="operator")
+    future = {"kind": "response", "parts": [{"part_kind": "hologram", "content": "x"}]}
+    conv.append("assistant", "From the future.", metadata={META_KEY: {"message": future}})
+    head = conv.history()[-1].id
+    conv.append("tool", "its part", metadata={META_KEY: {"part_of": head}, "tool_call_id": "c"})
+    conv.append("assistant", "Odd part_of.", metadata={META_KEY: {"part_of": "not an id"}})
+    conv.append("assistant", "Not a mapping.", metadata={META_KEY: ["a", "list"]})
+    good = ModelResponse(parts=[TextPart("Whole.")])
+    dumped = ModelMessagesTypeAdapter.dump_python([good], mode="json")[0]
+    conv.append("assistant", "Whole.", metadata={META_KEY: {"message": dumped}, "other": 1})
+
+    future_read, part, odd, not_mapping, whole = model_messages(conv.history())
+
+    for read, text in (
+        (future_read, "From the future."),
+        (odd, "Odd part_of."),
+        (not_mapping, "Not a mapping."),
+    ):
+        assert isinstance(read, ModelResponse) and read.parts == [TextPart(text)]
+    assert isinstance(part, ModelRequest)
+    (returned,) = part.parts
+    assert isinstance(returned, ToolReturnPart)
+    assert (returned.content, returned.tool_call_id) == ("its part", "c")
+    assert as_json([whole]) == as_json([good])
+    assert f"message {head} is read as its litellm form" in caplog.text
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["message", "part_of", "kind", "parts"]), inner, max_size=3
+        )
+    ),
+    max_leaves=8,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=st.lists(JSON_VALUES, min_size=1, max_size=4))
+def test_i4_any_value_under_the_adapters_key_reads_back_as_one_message_each(
+    memory: Memory, values: list[Any]
+) -> None:
+    """Whatever a writer put under the adapter's key, the window reads without an error,
+    each message as one ModelMessage (none of these is a head this version reads)."""
+    conv = memory.conversation("assistant", "cli", "any", owner_id="ana", trust="operator")
+    start = len(conv.history())
+    for value in values:
+        conv.append("assistant", "text", metadata={META_KEY: value})
+    window = conv.history()[start:]
+    assert len(window) == len(values)
+    assert len(model_messages(window)) == len(values)
+
+
+def test_i4_a_part_pointing_at_its_head_by_a_string_or_a_bool_is_its_own_message(
+    memory: Memory,
+) -> None:
+    """Only an id points a part at its head: ``"<id>"`` or ``true`` (``== 1``) does not."""
+    conv = memory.conversation("assistant", "cli", "1", owner_id="ana", trust="operator")
+    good = ModelResponse(parts=[TextPart("Whole.")])
+    dumped = ModelMessagesTypeAdapter.dump_python([good], mode="json")[0]
+    conv.append("assistant", "Whole.", metadata={META_KEY: {"message": dumped}})
+    head = conv.history()[-1].id
+    assert head == 1
+    conv.append("assistant", "By string.", metadata={META_KEY: {"part_of": str(head)}})
+    conv.append("assistant", "By bool.", metadata={META_KEY: {"part_of": True}})
+    conv.append("assistant", "By id.", metadata={META_KEY: {"part_of": head}})
+
+    messages = model_messages(conv.history())
+
+    assert [m.parts for m in messages] == [
+        good.parts,
+        [TextPart("By string.")],
+        [TextPart("By bool.")],
+    ]
