@@ -8,9 +8,12 @@ import asyncio
 import json
 from typing import Any
 
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from model_server import ModelServer
 
 from fermix.core import composer
+from fermix.model import Message
 from fermix.surface import ConversationSurface, MemorySurface
 
 ROLES = ["user", "assistant", "tool", "assistant", "user", "assistant"]
@@ -101,3 +104,36 @@ class ThreadHops:
             return await real(func, *args, **kwargs)
 
         monkeypatch.setattr(asyncio, "to_thread", counted)
+
+
+# -- anything under an adapter's metadata key -----------------------------------------------
+
+ANY_METADATA = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+"""The settings of the tests that store :func:`values_under` examples in one Memory."""
+
+
+def values_under(keys: list[str]) -> Any:
+    """A hypothesis strategy of one to four JSON values, some of them objects with
+    ``keys``: what any writer may have put under an adapter's metadata key."""
+    value = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(keys), inner, max_size=3)
+        ),
+        max_leaves=8,
+    )
+    return st.lists(value, min_size=1, max_size=4)
+
+
+def stored_under(memory: MemorySurface[Any], key: str, values: list[Any]) -> list[Message]:
+    """One assistant message per value, each with ``{key: value}`` as its metadata, in a
+    conversation of its own; the stored messages."""
+    conv = memory.conversation("assistant", "cli", "any", owner_id="ana", trust="operator")
+    start = len(conv.history())
+    for value in values:
+        conv.append("assistant", "text", metadata={key: value})
+    window = conv.history()[start:]
+    assert len(window) == len(values)
+    return window

@@ -33,7 +33,6 @@ in a worker thread (``asyncio.to_thread``), never on the event loop.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -457,11 +456,11 @@ def items_of(message: Message) -> list[TResponseInputItem]:
     message fermix or another host wrote, the items of its litellm form (a checkpoint is a
     system message marked as the summary of the earlier conversation)."""
     if META_KEY in message.metadata_json:
-        kept = message.metadata.get(META_KEY)
+        kept = message.metadata.get(META_KEY)  # parsed afresh: the items are this call's own
         if isinstance(kept, Mapping) and isinstance(kept.get("items"), list):
-            items = copy.deepcopy(kept["items"])
+            items = kept["items"]
             field = kept.get("text")
-            if isinstance(field, str) and items:
+            if isinstance(field, str) and items and isinstance(items[0], dict):
                 items[0][field] = message.content
             return cast("list[TResponseInputItem]", items)
     return _items_of_litellm(composer.history_message(message))

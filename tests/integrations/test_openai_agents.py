@@ -34,12 +34,16 @@ from agents import (
 from docs_page import section
 from factories import StartMemory, config_for
 from framework_turns import (
+    ANY_METADATA,
     ThreadHops,
     assert_learned_from_the_second_request,
     assert_turns_stored,
     script_review_during_a_turn,
     script_turns,
+    stored_under,
+    values_under,
 )
+from hypothesis import given
 from model_server import ModelServer
 from openai import AsyncOpenAI
 
@@ -47,7 +51,7 @@ from fermix.api import Memory
 from fermix.core import composer
 from fermix.core.compaction import NOTICE
 from fermix.errors import AccessDeniedError, InvalidInputError
-from fermix.integrations.openai_agents import FermixSession, items_of
+from fermix.integrations.openai_agents import META_KEY, FermixSession, items_of
 
 set_tracing_disabled(True)  # the SDK would send traces to OpenAI's servers
 
@@ -846,3 +850,22 @@ def test_i2_p1_files_read_ahead_and_not_taken_are_dropped_at_the_commit(
 
     assert hops.names == ["memory_files"]
     assert text == composer.instructions(SYSTEM, *session.conversation.memory_files())
+
+
+@ANY_METADATA
+@given(values=values_under(["items", "text", "role", "content"]))
+def test_i2_any_value_under_the_adapters_key_reads_back_as_items_of_its_own(
+    memory: Memory, values: list[Any]
+) -> None:
+    """Whatever a writer put under the adapter's key, a stored message reads as a list of
+    items without an error, and the items are each read's own: changing them changes
+    nothing stored."""
+    window = stored_under(memory, META_KEY, values)
+    for message in window:
+        read = items_of(message)
+        assert isinstance(read, list)
+        again = json.loads(json.dumps(read))
+        for item in read:
+            if isinstance(item, dict):
+                item.clear()
+        assert items_of(message) == again

@@ -21,14 +21,16 @@ import pytest
 from docs_page import section
 from factories import StartMemory, config_for
 from framework_turns import (
+    ANY_METADATA,
     ThreadHops,
     assert_learned_from_the_second_request,
     assert_turns_stored,
     script_review_during_a_turn,
     script_turns,
+    stored_under,
+    values_under,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import given
 from model_server import ModelServer
 from pydantic import BaseModel
 from pydantic_ai import Agent
@@ -440,33 +442,14 @@ def test_i4_a_saved_message_this_version_cannot_read_is_read_as_its_litellm_form
     assert f"message {head} is read as its litellm form" in caplog.text
 
 
-JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=3)
-        | st.dictionaries(
-            st.sampled_from(["message", "part_of", "kind", "parts"]), inner, max_size=3
-        )
-    ),
-    max_leaves=8,
-)
-
-
-@settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(values=st.lists(JSON_VALUES, min_size=1, max_size=4))
+@ANY_METADATA
+@given(values=values_under(["message", "part_of", "kind", "parts"]))
 def test_i4_any_value_under_the_adapters_key_reads_back_as_one_message_each(
     memory: Memory, values: list[Any]
 ) -> None:
     """Whatever a writer put under the adapter's key, the window reads without an error,
     each message as one ModelMessage (none of these is a head this version reads)."""
-    conv = memory.conversation("assistant", "cli", "any", owner_id="ana", trust="operator")
-    start = len(conv.history())
-    for value in values:
-        conv.append("assistant", "text", metadata={META_KEY: value})
-    window = conv.history()[start:]
-    assert len(window) == len(values)
+    window = stored_under(memory, META_KEY, values)
     assert len(model_messages(window)) == len(values)
 
 
