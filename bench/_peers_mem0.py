@@ -1,12 +1,15 @@
 """mem0's side of bench/peers.py, run by it in mem0's own venv (``bin/venv-mem0``).
 
 A helper module (its name starts with ``_``): bench/run.py does not run it. Usage:
-``python bench/_peers_mem0.py --data PATH --workdir DIR --model-url URL [--quick]``.
+``python bench/_peers_mem0.py --data PATH --workdir DIR --model-url URL [--quick]
+[--ingest-only VARIANT]``.
 
 It prints one JSON object per line on stdout, each with a ``"part"``: one per text variant
 (``plain``, ``speaker``) of ``infer=False`` (ingest, search, recall, bytes on disk), then
 ``infer`` (the ``infer=True`` ingest whose model calls the parent counts at its loopback
-server), then ``versions``. Everything else (mem0's logging, warnings) goes to stderr.
+server), then ``versions``. With ``--ingest-only VARIANT`` it only adds every turn in that
+variant and prints one ``"ingest"`` part (a round of the parent's interleaved ingest
+comparison). Everything else (mem0's logging, warnings) goes to stderr.
 
 Offline by construction: ``MEM0_TELEMETRY=False`` is set before mem0 is imported (its
 PostHog client is never made), spaCy and fastembed are not installed in its venv (mem0 then
@@ -98,13 +101,9 @@ def disk_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run_variant(
-    variant: str, convs: list[Conversation], workdir: Path, model_url: str
-) -> dict[str, Any]:
-    """``infer=False``: add every turn, one ``add`` each, then ask every question."""
-    memory = mem0_memory(workdir, f"locomo_{variant}", model_url)
+def add_all(memory: Any, variant: str, convs: list[Conversation]) -> tuple[float, list[int]]:
+    """``infer=False``: every turn in one ``add`` each; the seconds it took, and each add's ns."""
     latencies: list[int] = []
-    turns = 0
     start = time.perf_counter_ns()
     for conv in convs:
         for turn in conv.turns:
@@ -116,8 +115,16 @@ def run_variant(
                 infer=False,
             )
             latencies.append(time.perf_counter_ns() - t0)
-            turns += 1
-    ingest_s = (time.perf_counter_ns() - start) / 1e9
+    return (time.perf_counter_ns() - start) / 1e9, latencies
+
+
+def run_variant(
+    variant: str, convs: list[Conversation], workdir: Path, model_url: str
+) -> dict[str, Any]:
+    """``infer=False``: add every turn, one ``add`` each, then ask every question."""
+    memory = mem0_memory(workdir, f"locomo_{variant}", model_url)
+    ingest_s, latencies = add_all(memory, variant, convs)
+    turns = len(latencies)
     score = Score(f"mem0 {variant}")
     for conv in convs:
         for question in conv.questions:
@@ -175,9 +182,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--model-url", required=True)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ingest-only", choices=VARIANTS, help="one ingest round, no search")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
     convs = load(args.data, quick=args.quick)
+    if args.ingest_only:
+        variant = args.ingest_only
+        memory = mem0_memory(args.workdir / variant, f"locomo_{variant}", args.model_url)
+        ingest_s, latencies = add_all(memory, variant, convs)
+        memory.close()
+        emit({"part": "ingest", "variant": variant, "turns": len(latencies), "ingest_s": ingest_s})
+        return 0
     for variant in VARIANTS:
         emit(run_variant(variant, convs, args.workdir / variant, args.model_url))
     emit(run_infer(convs, args.workdir / "infer", args.model_url))

@@ -81,8 +81,17 @@ calls and prompt tokens are counted there, in the same way for both: the tiktoke
   that only the host's calls dispatch. Reviews are answered with one valid ``add`` op,
   compactions with a fixed summary.
 
+**Ingest, in interleaved rounds.** The ingest comparison is run again in
+:data:`INGEST_ROUNDS` rounds (``--quick``: one), each system in a fresh process as in the
+first measurement (fermix's tokenizer cache and mem0's as cold), each round in an order of
+its own: fermix until searchable, mem0 ``plain``, mem0 ``speaker``. A round's ratio is
+fermix's rate until searchable over the faster mem0 variant's add rate of the same round,
+so that a change in the shared machine's speed (it comes and goes over minutes) falls on
+both sides alike; ``ingest_ratio_vs_mem0`` is the median of the rounds' ratios, the rates
+beside it the medians of each side's rates (``ingest_rounds`` has every round).
+
 **Targets** (issue 25), in the last JSON line: ``ingest_ratio_vs_mem0`` (fermix's turns per
-second until searchable over mem0's best ``infer=False`` add rate, >= 10),
+second until searchable over mem0's best ``infer=False`` add rate, >= 10, from the rounds),
 ``r10_minus_mem0`` (fermix's turn R@10 minus mem0's best variant's, points, >= 30),
 ``search_p99_ratio_vs_mem0`` (fermix's search p99 over mem0's best variant's, <= 0.3) and
 ``model_tokens_ratio_vs_mem0`` (fermix's prompt tokens per 1,000 user messages over mem0
@@ -100,6 +109,7 @@ import importlib.metadata
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,6 +154,8 @@ from fermix.token_counts import MESSAGE_OVERHEAD_TOKENS, count_tokens
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 AGENT, CHANNEL = "bench", "locomo"
+INGEST_ROUNDS = 3
+"""Rounds of the interleaved ingest comparison (``--quick``: 1; see the docstring)."""
 TOKENIZER_MODEL = "gpt-4o-mini"
 """Whose tiktoken encoding counts every system's prompt tokens at the loopback server."""
 CONTEXT_WINDOW = 8_192
@@ -286,9 +298,10 @@ def timed_turns(
     return latencies
 
 
-def run_fermix_ingest(convs: list[Conversation]) -> tuple[Side, Score]:
+def run_fermix_ingest(convs: list[Conversation], *, recall: bool = True) -> tuple[Side, Score]:
     """Every turn through ``append_user``, timed, then the wait until every vector is
-    stored; the store's own recall (turns at wall-clock times) for the second figure."""
+    stored; the store's own recall (turns at wall-clock times) for the second figure, unless
+    ``recall`` is false (an ingest round: its score is left empty)."""
     with tempfile.TemporaryDirectory(prefix="fermix-bench-peers-") as tmp:
         memory = Memory(tmp)
         with memory:
@@ -316,8 +329,9 @@ def run_fermix_ingest(convs: list[Conversation]) -> tuple[Side, Score]:
             if coverage.message_vectors != coverage.messages or coverage.messages != turns:
                 raise RuntimeError(f"not every turn has a vector: {coverage}")
             wallclock = Score("fermix, turns at wall-clock times")
-            keys = {sid: h.key for sid, h in handles.items()}
-            ask(wallclock, services.storage, convs, keys, ids, hybrid)
+            if recall:
+                keys = {sid: h.key for sid, h in handles.items()}
+                ask(wallclock, services.storage, convs, keys, ids, hybrid)
         side = Side(
             "fermix",
             turns,
@@ -553,6 +567,74 @@ def run_mem0(data: Path, quick: bool) -> tuple[Mem0Run, Cost]:
     return run, cost
 
 
+# -- ingest rounds ----------------------------------------------------------------------
+
+
+def last_line(command: list[str], **keywords: Any) -> dict[str, Any]:
+    """The JSON object ``command`` prints last (its stderr passes through)."""
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, **keywords)
+    value: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return value
+
+
+def fermix_round(data: Path, quick: bool) -> float:
+    """fermix's turns per second until searchable, in a fresh process (``--ingest-round``)."""
+    command = [sys.executable, str(Path(__file__)), "--ingest-round", "--data", str(data)]
+    found = last_line(command + (["--quick"] if quick else []), cwd=BENCH)
+    return float(found["turns"]) / float(found["searchable_s"])
+
+
+def mem0_round(python: Path, data: Path, quick: bool, variant: str) -> float:
+    """mem0's ``infer=False`` adds per second in ``variant``, in a fresh process."""
+    with tempfile.TemporaryDirectory(prefix="fermix-bench-peers-mem0-") as tmp:
+        command = [str(python), str(BENCH / "_peers_mem0.py"), "--data", str(data)]
+        command += ["--workdir", tmp, "--ingest-only", variant]
+        command += ["--model-url", "http://127.0.0.1:9/v1"]  # infer=False calls no model
+        command += ["--quick"] if quick else []
+        env = {**os.environ, "MEM0_TELEMETRY": "False", "MEM0_DIR": str(Path(tmp) / "mem0")}
+        found = last_line(command, cwd=BENCH, env=env)
+    return float(found["turns"]) / float(found["ingest_s"])
+
+
+def ingest_rounds(python: Path, data: Path, quick: bool) -> list[dict[str, float]]:
+    """The interleaved ingest comparison (see the docstring): each round's rates and ratio."""
+    systems: list[tuple[str, Callable[[], float]]] = [
+        ("fermix", lambda: fermix_round(data, quick)),
+        *(
+            (f"mem0_{v}", lambda v=v: mem0_round(python, data, quick, v))
+            for v in ("plain", "speaker")
+        ),
+    ]
+    rounds = []
+    for r in range(1 if quick else INGEST_ROUNDS):
+        shift = r % len(systems)
+        rates = {name: measure() for name, measure in systems[shift:] + systems[:shift]}
+        fastest = max(rates["mem0_plain"], rates["mem0_speaker"])
+        rounds.append(
+            {
+                "fermix_searchable_turns_s": round(rates["fermix"], 1),
+                "mem0_plain_turns_s": round(rates["mem0_plain"], 1),
+                "mem0_speaker_turns_s": round(rates["mem0_speaker"], 1),
+                "ratio": round(rates["fermix"] / fastest, 2),
+            }
+        )
+        print(f"ingest round {r + 1}: {rounds[-1]}", file=sys.stderr, flush=True)
+    return rounds
+
+
+def rounds_figures(rounds: list[dict[str, float]]) -> dict[str, Any]:
+    """The JSON line's keys of the ingest rounds: their medians, and every round."""
+    fastest = [max(r["mem0_plain_turns_s"], r["mem0_speaker_turns_s"]) for r in rounds]
+    return {
+        "ingest_ratio_vs_mem0": round(statistics.median(r["ratio"] for r in rounds), 2),
+        "fermix_searchable_turns_s_rounds": round(
+            statistics.median(r["fermix_searchable_turns_s"] for r in rounds), 1
+        ),
+        "mem0_fastest_turns_s_rounds": round(statistics.median(fastest), 1),
+        "ingest_rounds": rounds,
+    }
+
+
 # -- the report ------------------------------------------------------------------------
 
 
@@ -659,7 +741,8 @@ TARGET_KEYS = (
 
 
 def mem0_figures(fermix: Side, fermix_cost: Cost, mem0: Mem0Run, mem0_cost: Cost) -> dict[str, Any]:
-    """The JSON line's keys of mem0, and the four target keys (see the docstring)."""
+    """The JSON line's keys of mem0, and three of the four target keys (the ingest ratio is
+    the rounds', :func:`rounds_figures`; see the docstring)."""
     best_add = max(mem0.variants.values(), key=lambda s: s.ingest_rate)
     best_recall = max(mem0.variants.values(), key=lambda s: s.recall(10) or 0.0)
     out: dict[str, Any] = {}
@@ -680,7 +763,7 @@ def mem0_figures(fermix: Side, fermix_cost: Cost, mem0: Mem0Run, mem0_cost: Cost
     mem0_r10 = best_recall.recall(10)
     p99, best_p99 = fermix.search_ms(99), best_recall.search_ms(99)
     out |= {
-        "ingest_ratio_vs_mem0": None
+        "ingest_ratio_vs_mem0_single": None
         if searchable is None
         else round(searchable / best_add.ingest_rate, 2),
         "r10_minus_mem0": None
@@ -699,10 +782,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="the first conversation only")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument(
+        "--ingest-round", action="store_true", help="fermix's ingest alone (one round)"
+    )
     args = parser.parse_args(argv)
     console = Console(stderr=True)
     load_start = loadavg()
     convs = load(args.data, quick=args.quick)
+    if args.ingest_round:
+        side, _ = run_fermix_ingest(convs, recall=False)
+        print(json.dumps({"turns": side.turns, "searchable_s": side.searchable_s}))
+        return 0
     console.print(f"{sum(len(c.turns) for c in convs):,} turns, {len(convs)} conversations")
     fermix, wallclock = run_fermix_ingest(convs)
     fermix.score = run_fermix_recall(convs)
@@ -726,6 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         costs["mem0 infer=True"] = mem0_cost
         sides[1:1] = mem0.variants.values()
         out |= mem0_figures(fermix, fermix_cost, mem0, mem0_cost)
+        out |= rounds_figures(ingest_rounds(mem0_python(), args.data, args.quick))
     render(console, sides, costs)
     out |= {"quick": args.quick, "load_1min_start": load_start, "load_1min_end": loadavg()}
     print(json.dumps(out))

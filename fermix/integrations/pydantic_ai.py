@@ -345,7 +345,7 @@ class _Own(TypedDict, total=False):
 
 
 class _Metadata(TypedDict, total=False):
-    pydantic_ai: _Own
+    pydantic_ai: _Own  # META_KEY: a class body names its keys literally
 
 
 _METADATA: Final = TypeAdapter(_Metadata)
