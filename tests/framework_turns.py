@@ -1,6 +1,8 @@
-"""The two scripted turns the asyncio frameworks' adapter tests run (I2, I4), and what a
-hand-written host would have stored of them: the same script, the same expectation, for
-the OpenAI Agents SDK's session and Pydantic AI's history alike."""
+"""What the asyncio frameworks' adapter tests share (I2, I4), for the OpenAI Agents SDK's
+session and Pydantic AI's history alike: the two scripted turns and what a hand-written
+host would have stored of them; a turn with a review finishing in its middle, and fermix's
+hops to worker threads counted (the prompt files as instructions, P1); and any JSON value
+stored under an adapter's metadata key (hypothesis)."""
 
 from __future__ import annotations
 
