@@ -361,14 +361,7 @@ def model_messages(window: Sequence[Message]) -> list[ModelMessage]:
     out: list[ModelMessage] = []
     heads: set[int] = set()
     for message in window:
-        if META_KEY not in message.metadata_json:
-            out.append(_from_litellm(composer.history_message(message)))
-            continue
-        own: Mapping[str, Any] | None
-        try:
-            own = _METADATA.validate_json(message.metadata_json).get(META_KEY)
-        except ValidationError:  # not as this version saves them: looked at key by key
-            own = _own_by_key(message)
+        own = _own(message) if META_KEY in message.metadata_json else None
         if own is not None and "message" in own:
             out.append(own["message"])
             heads.add(message.id)
@@ -377,6 +370,16 @@ def model_messages(window: Sequence[Message]) -> list[ModelMessage]:
             continue
         out.append(_from_litellm(composer.history_message(message)))
     return out
+
+
+def _own(message: Message) -> Mapping[str, Any] | None:
+    """``message``'s ``pydantic_ai`` metadata, its ``ModelMessage`` read (None: none this
+    version reads)."""
+    try:
+        own: Mapping[str, Any] | None = _METADATA.validate_json(message.metadata_json).get(META_KEY)
+    except ValidationError:  # not as this version saves them: looked at key by key
+        return _own_by_key(message)
+    return own
 
 
 def _own_by_key(message: Message) -> Mapping[str, Any] | None:
