@@ -511,15 +511,25 @@ def score_of(name: str, found: dict[str, list[list[Any]]], times_ms: list[float]
     return score
 
 
+def mem0_command(
+    python: Path, data: Path, quick: bool, model_url: str, workdir: str, *extra: str
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of mem0's side (``_peers_mem0.py`` with ``extra``
+    arguments) in its venv, offline, its files under ``workdir``."""
+    command = [str(python), str(BENCH / "_peers_mem0.py"), "--data", str(data)]
+    command += ["--workdir", workdir, "--model-url", model_url, *extra]
+    command += ["--quick"] if quick else []
+    env = {**os.environ, "MEM0_TELEMETRY": "False", "MEM0_DIR": str(Path(workdir) / "mem0")}
+    return command, env
+
+
 @contextlib.contextmanager
 def mem0_process(
     python: Path, data: Path, quick: bool, model_url: str
 ) -> Iterator[subprocess.Popen[str]]:
     """mem0's side running in its venv; its stderr goes to this process's."""
     with tempfile.TemporaryDirectory(prefix="fermix-bench-peers-mem0-") as tmp:
-        command = [str(python), str(BENCH / "_peers_mem0.py"), "--data", str(data)]
-        command += ["--workdir", tmp, "--model-url", model_url] + (["--quick"] if quick else [])
-        env = {**os.environ, "MEM0_TELEMETRY": "False", "MEM0_DIR": str(Path(tmp) / "mem0")}
+        command, env = mem0_command(python, data, quick, model_url, tmp)
         with subprocess.Popen(
             command, cwd=BENCH, stdout=subprocess.PIPE, text=True, env=env
         ) as process:
@@ -587,11 +597,8 @@ def fermix_round(data: Path, quick: bool) -> float:
 def mem0_round(python: Path, data: Path, quick: bool, variant: str) -> float:
     """mem0's ``infer=False`` adds per second in ``variant``, in a fresh process."""
     with tempfile.TemporaryDirectory(prefix="fermix-bench-peers-mem0-") as tmp:
-        command = [str(python), str(BENCH / "_peers_mem0.py"), "--data", str(data)]
-        command += ["--workdir", tmp, "--ingest-only", variant]
-        command += ["--model-url", "http://127.0.0.1:9/v1"]  # infer=False calls no model
-        command += ["--quick"] if quick else []
-        env = {**os.environ, "MEM0_TELEMETRY": "False", "MEM0_DIR": str(Path(tmp) / "mem0")}
+        no_model = "http://127.0.0.1:9/v1"  # infer=False calls no model
+        command, env = mem0_command(python, data, quick, no_model, tmp, "--ingest-only", variant)
         found = last_line(command, cwd=BENCH, env=env)
     return float(found["turns"]) / float(found["ingest_s"])
 
