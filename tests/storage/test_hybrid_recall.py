@@ -425,3 +425,39 @@ def test_q4_scope_rows_come_by_conversation_time_and_id_as_python_sorts_them(
             )
         finally:
             conn.close()
+
+
+def test_q4_an_owners_scope_is_read_in_its_order_by_one_covering_index() -> None:
+    """An owner's rows come from ``messages_owner_order`` (schema migration 13) in the order
+    the search wants: the statement :func:`scope_vectors` runs looks no message up and
+    sorts nothing, and the owner's count is taken on an index too (issue 25)."""
+    with tempfile.TemporaryDirectory(prefix="fermix-scope-") as tmp:
+        conn = open_database(Path(tmp) / "m.db")
+        try:
+            with transaction(conn):
+                for i in range(30):
+                    key = ConversationKey("agent", "c", f"chat{i % 3}")
+                    new = NewMessage(key, "user", f"m{i}", owner_id="ann", trust="guest")
+                    messages.insert(conn, new, created_at=(i * 7) % 11)
+            run: list[tuple[str, Any]] = []
+
+            def traced(cursor: Any, sql: str, bindings: Any) -> bool:
+                run.append((sql, bindings))
+                return True
+
+            conn.exec_trace = traced
+            rows = scope_vectors(conn, agent_id="agent", owner_id="ann")
+            counted = messages.SearchScope.of(agent_id="agent", owner_id="ann").count(conn)
+            conn.exec_trace = None
+            assert rows is not None and len(rows) == counted == 30
+            assert len(run) == 2
+            plans = [
+                " / ".join(str(step[3]) for step in conn.execute(f"EXPLAIN QUERY PLAN {sql}", b))
+                for sql, b in run
+            ]
+            read, count = plans
+            assert "SEARCH m USING COVERING INDEX messages_owner_order" in read, read
+            assert "TEMP B-TREE" not in read, read
+            assert "COVERING INDEX" in count and "SCAN" not in count, count
+        finally:
+            conn.close()

@@ -87,18 +87,9 @@ class SearchScope(messages.SearchScope):
         return " AND ".join(parts)
 
     def count(self, conn: apsw.Connection) -> int:
-        """How many messages the scope holds.
-
-        A conversation is counted on its index; an owner's rows through their token's
-        doclist, each checked against the filter; an agent or the table, row by row.
-        """
-        if self.tokens and not self.indexed:
-            sql = (
-                "SELECT count(*) FROM messages_fts JOIN messages AS m"
-                " ON m.id = messages_fts.rowid"
-                f" WHERE messages_fts MATCH ? AND {self.clause()}"
-            )
-            return int(fetch_value(conn, sql, (self.match(), *self.params)))
+        """How many messages the scope holds: a conversation's and an owner's on their
+        index (``messages_conversation``, ``messages_owner_order``), an agent's or the
+        table's row by row."""
         sql = f"SELECT count(*) FROM messages AS m WHERE {self.clause()}"
         return int(fetch_value(conn, sql, self.params))
 

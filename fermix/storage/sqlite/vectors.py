@@ -3,13 +3,12 @@
 
 A batch of vectors is stored a statement per row (:func:`store_message_vectors`,
 :func:`store_memory_vectors`: in-process, under the one writer); a search reads the vectors
-of the scope it searches only (:func:`scope_vectors`: a conversation by its index, an
-owner's messages by their FTS5 scope token). There is no approximate index.
+of the scope it searches only (:func:`scope_vectors`: a conversation's messages or an
+owner's by an index in the order the search wants). There is no approximate index.
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -70,11 +69,6 @@ def store_memory_vectors(conn: apsw.Connection, items: Iterable[StoredVector]) -
 
 # -- what a search reads ------------------------------------------------------------------
 
-_CONVERSATION_ORDER = operator.itemgetter(1, 2, 3, 4, 6, 0)
-"""A row of :data:`SCOPE_COLUMNS`' sort key: agent, channel, chat, thread, time, id (the
-order of ``messages_conversation``; Python compares ``str`` by code point, as SQLite's
-BINARY collation compares their UTF-8 bytes)."""
-
 
 def scope_vectors(
     conn: apsw.Connection,
@@ -88,36 +82,26 @@ def scope_vectors(
     its vector or None, by conversation, time and id; None when the scope has more than
     ``limit`` messages or no index to read it by (an agent, the whole table).
 
-    A conversation's rows come in its index's order; an owner's are read in one
-    ``fetchall`` in the order of their token's doclist and sorted here, by the columns of
-    that index and the id: SQLite would sort them in a temporary b-tree with every row's
-    vector, which took most of the read's time (bench/recall.py: 2,500 rows, 6-7 ms of
-    CPU against 3 ms). The conversations are found by comparing the key columns of
-    consecutive rows, so no object is made per row beyond the row's own values."""
+    A conversation's rows come in the order of its index (``messages_conversation``), an
+    owner's in that of ``messages_owner_order`` (schema migration 13: agent, owner, then a
+    conversation's columns, time and id, and the sender), which holds every column read of
+    them: no lookup of the row, no sort. Either read stops a scope too large at ``limit +
+    1`` rows. The conversations are found by comparing the key columns of consecutive
+    rows, so no object is made per row beyond the row's own values."""
     scope = SearchScope.of(agent_id=agent_id, key=key, owner_id=owner_id)
-    params: tuple[Any, ...]
     if scope.indexed:
-        # One conversation: its index gives the order, and stops a scope too large early.
-        sql = (
-            f"SELECT {SCOPE_COLUMNS} FROM messages AS m {VECTOR_JOIN} WHERE {scope.clause()}"
-            " ORDER BY m.created_at, m.id LIMIT ?"
-        )
-        params = scope.params
+        order = "m.created_at, m.id"  # one conversation
     elif scope.tokens:
-        # Unsorted, so a scope too large stops the read at limit + 1 rows.
-        sql = (
-            f"SELECT {SCOPE_COLUMNS} FROM messages_fts"
-            f" JOIN messages AS m ON m.id = messages_fts.rowid {VECTOR_JOIN}"
-            f" WHERE messages_fts MATCH ? AND {scope.clause()} LIMIT ?"
-        )
-        params = (scope.match(), *scope.params)
+        order = "m.channel, m.chat_id, m.thread_scope, m.created_at, m.id"  # one agent's owner
     else:
         return None
-    found: list[tuple[Any, ...]] = conn.execute(sql, (*params, limit + 1)).fetchall()
+    found: list[tuple[Any, ...]] = conn.execute(
+        f"SELECT {SCOPE_COLUMNS} FROM messages AS m {VECTOR_JOIN} WHERE {scope.clause()}"
+        f" ORDER BY {order} LIMIT ?",
+        (*scope.params, limit + 1),
+    ).fetchall()
     if len(found) > limit:
         return None
-    if not scope.indexed:
-        found.sort(key=_CONVERSATION_ORDER)
     return scope_rows(found)
 
 
