@@ -489,13 +489,13 @@ class Reads(Protocol):
         limit: int = 50000,
     ) -> ScopeRows | None:
         """Every message of the scope :func:`fermix.storage.sqlite.messages.search` would search,
-        with
-        its vector or None, by conversation, time and id; None when the scope has more than
-        ``limit`` messages or no index to read it by (an agent, the whole table).
+        with its vector or None, by conversation, time and id; None when the scope has more
+        than ``limit`` messages or no index to read it by (an agent, the whole table).
 
-        The rows are sorted by SQLite (a conversation's come in its index's order) and read in
-        one ``fetchall``; the conversations are found by comparing the key columns of
-        consecutive rows, so no object is made per row beyond the row's own values."""
+        The rows come sorted by the database (on SQLite in the order of an index of the
+        scope, a conversation's or an owner's) and are read in one ``fetchall``; the
+        conversations are found by comparing the key columns of consecutive rows, so no
+        object is made per row beyond the row's own values."""
         ...
 
     def nearest_messages(

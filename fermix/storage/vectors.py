@@ -13,7 +13,7 @@ The background embedder (:mod:`fermix.runtime.indexing`) finds the rows without 
 (:func:`messages_to_embed`, :func:`memories_to_embed`), oldest first, and each adapter
 stores a batch in one write. What each adapter keeps: how a batch is stored (SQLite's
 statements per row, PostgreSQL's arrays in id order), how a search reads a scope (an
-owner's messages by their FTS5 scope token or by ``messages_owner``), PostgreSQL's
+owner's messages by ``messages_owner_order`` or by ``messages_owner``), PostgreSQL's
 approximate index and the locks under which its services record a model.
 """
 

@@ -87,9 +87,8 @@ class SearchScope(messages.SearchScope):
         return " AND ".join(parts)
 
     def count(self, conn: apsw.Connection) -> int:
-        """How many messages the scope holds: a conversation's and an owner's on their
-        index (``messages_conversation``, ``messages_owner_order``), an agent's or the
-        table's row by row."""
+        """How many messages the scope holds: a conversation's and an owner's counted on an
+        index of ``messages``, an agent's or the table's row by row."""
         sql = f"SELECT count(*) FROM messages AS m WHERE {self.clause()}"
         return int(fetch_value(conn, sql, self.params))
 
