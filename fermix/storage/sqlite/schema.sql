@@ -479,9 +479,10 @@ END;
 -- looked each row up, and sorted them in Python: bench/recall.py's owner search at
 -- 1,000,000 messages (2,500 rows an owner, conversations interleaved in the rowid space)
 -- spent 4.8 ms of CPU there at p50, against 2.6 ms by this index, which holds every
--- column the read takes of a message in the order it wants (no lookup, no sort). The
--- owner's count is taken on it too. An append writes one more index page to the log
--- (12 a commit against 11): fermix's SQLite append of LoCoMo's 2,760 turns, ten rounds
--- alternated with the index dropped, took a median 155 against 148 us.
+-- column the read takes of a message in the order it wants (no lookup, no sort). (The
+-- owner's count is plain SQL now, on whichever index SQLite picks.) An append writes one
+-- more index page to the log (12 a commit against 11): fermix's SQLite append of LoCoMo's
+-- 2,760 turns, ten rounds alternated with the index dropped, took a median 155 against
+-- 148 us.
 CREATE INDEX messages_owner_order
     ON messages (agent_id, owner_id, channel, chat_id, thread_scope, created_at, id, sender);
