@@ -57,21 +57,21 @@ stems (25 us an append). In four statements, with the stems made by the callers,
 leader's work is about 0.4 ms and a batch of 8 about 2.3 ms, most of it the server's: the
 insert of 8 rows about 1.1 ms (the stems' GIN index most of it), the trigger 0.2.
 
-Why this does not pass plain psycopg on this machine (issue 25, same workload, 2 lanes, 2
-CPUs): a batch holds 2.6 appends on average, its one round trip takes 1.6 to 1.7 ms (1.0 to
+Why this does not pass plain psycopg on this machine (issue 25, the workload above, 2 lanes,
+2 CPUs): a batch holds 2.6 appends on average, its one round trip takes 1.6 to 1.7 ms (1.0 to
 1.15 with ``synchronous_commit`` off, so the WAL's fsync is some 0.5 ms of it) and the hand-off
 to the next leader 0.3 to 0.4 ms, so each lane's connection is busy 82 to 86% of the time.
 The 8 callers are a closed loop: those of the batch in flight come back after it has
 committed, so they wait for the next batch to run before theirs, about two round trips an
-append. The machine stays 28 to 32% idle, at 460 to 520 us of CPU a message (the server's
-and this process's together); psycopg's 8 connections keep it 10 to 15% idle, at 540 to 740
+append. The machine stays 26 to 33% idle, at 410 to 550 us of CPU a message (the server's
+and this process's together); psycopg's 8 connections keep it 10 to 15% idle, at 515 to 745
 us. The work a commit per row adds (the transaction, the fsync's share of CPU) is small next
 to each row's own (the trigger, the GIN entries, the heap and b-trees), so a group commit
-saves little CPU per message, and with 8 callers it cannot keep more work in flight. Measured
-without gain (alternated rounds, the same run): 3 and 4 lanes (smaller batches: more CPU a
-message), a free lane taken before one's own (a shared choice of lanes), a leader that runs
-the next batch itself, a wait for more callers before ``BEGIN``, and this process's callers
-narrowed to one CPU as SQLite's are (:mod:`fermix.storage.affinity`).
+saves about 100 us of CPU a message, and with 8 callers it cannot keep more work in
+flight. Measured without gain (alternated rounds, the same run): 3 and 4 lanes (smaller
+batches: more CPU a message), an append sent to a free lane when its own lane is held, a
+leader that runs the next batch itself, a wait for more callers before ``BEGIN``, and this
+process's callers narrowed to one CPU as SQLite's are (:mod:`fermix.storage.affinity`).
 
 An error of a run (a constraint, a value PostgreSQL cannot hold) fails it whole: the batch
 runs again unit by unit in savepoints, as for any unit's error, so the error reaches its
