@@ -70,11 +70,12 @@ def figures(
         r["append_seq_p50_us_pg"] / r["append_seq_p50_us_sqlite_full"]
     )
     r["append_conc_rate_ratio"] = r["append_conc_msgs_s_pg"] / r["append_conc_msgs_s_sqlite"]
-    plain = runs["conc_psycopg"]
-    r["append_conc_msgs_s_psycopg"] = plain.rate
-    r["append_conc_p50_us_psycopg"] = plain.percentile_us(50)
-    r["append_conc_p99_us_psycopg"] = plain.percentile_us(99)
-    r["append_conc_ratio_vs_psycopg"] = r["append_conc_msgs_s_pg"] / plain.rate
+    for name in ("psycopg", "psycopg_pool"):
+        plain = runs[f"conc_{name}"]
+        r[f"append_conc_msgs_s_{name}"] = plain.rate
+        r[f"append_conc_p50_us_{name}"] = plain.percentile_us(50)
+        r[f"append_conc_p99_us_{name}"] = plain.percentile_us(99)
+        r[f"append_conc_ratio_vs_{name}"] = r["append_conc_msgs_s_pg"] / plain.rate
     for key, rate in procs.items():
         r[f"procs_msgs_s_{key}"] = rate
     r["process_scaling_pg"] = procs["pg_4"] / procs["pg_1"]
@@ -184,6 +185,13 @@ def render(console: Console, r: dict[str, Any]) -> None:
         "",
         f"{r['append_conc_msgs_s_psycopg']:,.0f}",
         f"{ratio(r['append_conc_ratio_vs_psycopg'])} (≥ {TARGET_VS_PSYCOPG:g}: {mark})",
+    )
+    table.add_row(
+        f"the same on a pool of {r['fermix_pg_writers']} connections (as many as fermix's lanes)",
+        "",
+        "",
+        f"{r['append_conc_msgs_s_psycopg_pool']:,.0f}",
+        ratio(r["append_conc_ratio_vs_psycopg_pool"]),
     )
     console.print(table)
 

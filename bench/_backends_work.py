@@ -10,13 +10,15 @@ PostgreSQL's ``PgDatabase``) and drives it through its sessions only: an append 
 
 The one exception is the baseline of the concurrent appends on PostgreSQL,
 :func:`plain_concurrent`: fermix's own ``INSERT`` (``fermix/storage/postgres/messages.py``,
-with its stems, on fermix's schema with its trigger and indexes) sent by plain psycopg, one
-connection per thread, each statement its own transaction (autocommit: one round trip and
-one commit per row), as an application would write rows without fermix's group commit.
+with its stems, on fermix's schema with its trigger and indexes) sent by plain psycopg, each
+statement its own transaction (autocommit: one round trip and one commit per row), as an
+application would write rows without fermix's group commit: on a connection per thread, or
+on a ``psycopg_pool`` pool of as many connections as fermix's lanes, shared by the threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -27,6 +29,7 @@ from typing import Any
 
 import psycopg
 from _timing import percentile
+from psycopg_pool import ConnectionPool
 
 from fermix.model import AppendResult, ConversationKey, Message, NewMessage, PendingAppend
 from fermix.runtime.writer import append_unit
@@ -161,44 +164,63 @@ def concurrent(db: Storage, prefix: str, texts: Sequence[str]) -> Run:
     return Run(len(latencies), elapsed, latencies, db.commits - before)
 
 
-def plain_concurrent(url: str, prefix: str, texts: Sequence[str]) -> Run:
+def plain_concurrent(url: str, prefix: str, texts: Sequence[str], *, pool: int = 0) -> Run:
     """:func:`concurrent`'s work without fermix's write path: :data:`THREADS` threads, each
-    on a psycopg connection of its own (autocommit), inserting its share of ``texts`` into
-    its own :data:`CONVERSATIONS_PER_THREAD` conversations with fermix's ``INSERT``, one row
-    and one commit per statement. The conversations' rows are made before the clock starts
-    (fermix's append touches its row in the same transaction; here the insert's trigger
-    alone updates it), so the baseline does no more than one insert a row."""
+    inserting its share of ``texts`` into its own :data:`CONVERSATIONS_PER_THREAD`
+    conversations with fermix's ``INSERT``, one row and one commit per statement, on a
+    psycopg connection of its own (autocommit), or with ``pool`` > 0 on a connection taken
+    from a ``psycopg_pool.ConnectionPool`` of ``pool`` connections for each row. The
+    conversations' rows are made before the clock starts (fermix's append touches its row in
+    the same transaction; here the insert's trigger alone updates it), so the baseline does
+    no more than one insert a row."""
     shares = chunks(texts, THREADS)
-    conns = [psycopg.connect(url, autocommit=True) for _ in range(THREADS)]
+    with contextlib.ExitStack() as stack:
+        connection = _plain_connections(stack, url, pool)
 
-    def inserts(t: int, barrier: threading.Barrier) -> Timed:
-        conn = conns[t]
-        keys = [
-            ConversationKey(AGENT, "plain", f"{prefix}-t{t}-c{c}")
-            for c in range(CONVERSATIONS_PER_THREAD)
-        ]
-        for key in keys:
-            stamp = time.time_ns() // 1_000_000
-            conn.execute(
-                "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope, owner_id,"
-                " trust, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT DO NOTHING",
-                (*key.as_tuple(), OWNER, TRUST, stamp, stamp),
-            )
+        def inserts(t: int, barrier: threading.Barrier) -> Timed:
+            keys = [
+                ConversationKey(AGENT, "plain", f"{prefix}-t{t}-c{c}")
+                for c in range(CONVERSATIONS_PER_THREAD)
+            ]
+            with connection(t) as conn:
+                for key in keys:
+                    stamp = time.time_ns() // 1_000_000
+                    conn.execute(
+                        "INSERT INTO conversations (agent_id, channel, chat_id, thread_scope,"
+                        " owner_id, trust, created_at, updated_at)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                        (*key.as_tuple(), OWNER, TRUST, stamp, stamp),
+                    )
 
-        def insert(i: int, text: str) -> None:
-            key = keys[i % CONVERSATIONS_PER_THREAD]
-            new = NewMessage(key, "user", text, owner_id=OWNER, sender=OWNER, trust=TRUST)
-            pg_messages.insert(conn, new)
+            def insert(i: int, text: str) -> None:
+                key = keys[i % CONVERSATIONS_PER_THREAD]
+                new = NewMessage(key, "user", text, owner_id=OWNER, sender=OWNER, trust=TRUST)
+                with connection(t) as conn:
+                    pg_messages.insert(conn, new)
 
-        return each_timed(barrier, shares[t], insert)
+            return each_timed(barrier, shares[t], insert)
 
-    try:
         elapsed, latencies = in_threads(inserts, "plain")
-    finally:
-        for conn in conns:
-            conn.close()
     return Run(len(latencies), elapsed, latencies, len(latencies))
+
+
+Connected = Callable[[int], contextlib.AbstractContextManager[psycopg.Connection]]
+"""Thread ``t``'s connection for one statement (:func:`plain_concurrent`)."""
+
+
+def _plain_connections(stack: contextlib.ExitStack, url: str, pool: int) -> Connected:
+    """A connection per thread, or with ``pool`` > 0 one of ``pool`` pooled connections per
+    statement; closed with ``stack``."""
+    if pool:
+        shared = stack.enter_context(
+            ConnectionPool(
+                url, min_size=pool, max_size=pool, kwargs={"autocommit": True}, open=False
+            )
+        )
+        shared.wait()
+        return lambda t: shared.connection()
+    conns = [stack.enter_context(psycopg.connect(url, autocommit=True)) for _ in range(THREADS)]
+    return lambda t: contextlib.nullcontext(conns[t])
 
 
 # -- writer processes ---------------------------------------------------------------------
