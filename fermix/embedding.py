@@ -29,10 +29,10 @@ import json
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -147,13 +147,21 @@ def from_blobs(blobs: Sequence[bytes | None], dim: int) -> tuple[Vectors, NDArra
     length), and which rows had one.
 
     The vectors are joined and read by one :func:`numpy.frombuffer`, not one call per row: a
-    search reads thousands of them."""
+    search reads thousands of them, and when each has its vector (the usual case) they are
+    measured and joined by C-level calls, with no Python frame a row."""
     n = len(blobs)
-    present = np.fromiter((b is not None and len(b) == dim for b in blobs), bool, n)
-    out = np.zeros((n, dim), dtype=np.float32)
-    if dim and present.any():
-        joined = b"".join([b for b in blobs if b is not None and len(b) == dim])
-        out[present] = np.frombuffer(joined, dtype=np.int8).reshape(-1, dim)
+    if None in blobs:
+        present = np.fromiter((b is not None and len(b) == dim for b in blobs), bool, n)
+    else:
+        present = np.fromiter(map(len, cast("Sequence[bytes]", blobs)), np.int64, n) == dim
+    if present.all():
+        joined = b"".join(cast("Sequence[bytes]", blobs))
+        out = np.frombuffer(joined, dtype=np.int8).reshape(n, dim).astype(np.float32)
+    else:
+        out = np.zeros((n, dim), dtype=np.float32)
+        if dim and present.any():
+            joined = b"".join(cast("Iterable[bytes]", itertools.compress(blobs, present)))
+            out[present] = np.frombuffer(joined, dtype=np.int8).reshape(-1, dim)
     out /= 127.0
     return out, present
 

@@ -286,6 +286,25 @@ def test_q1_int8_vectors_round_trip_and_a_missing_or_foreign_blob_is_absent() ->
     assert not back[1].any() and not back[2].any()
 
 
+@given(
+    st.lists(
+        st.one_of(st.none(), st.binary(min_size=4, max_size=4), st.binary(max_size=6)),
+        max_size=12,
+    )
+)
+def test_q1_blobs_read_whole_or_row_by_row_give_the_same_vectors(
+    blobs: list[bytes | None],
+) -> None:
+    """Rows that all have a vector take from_blobs' C-level path, others its row-by-row
+    one: both give what each row alone would (zeros and absent where it has none)."""
+    back, present = from_blobs(blobs, 4)
+    assert back.shape == (len(blobs), 4) and back.dtype == np.float32
+    for row, blob, here in zip(back, blobs, present, strict=True):
+        assert here == (blob is not None and len(blob) == 4)
+        alone = np.frombuffer(blob, dtype=np.int8) / np.float32(127.0) if here else np.zeros(4)
+        assert np.array_equal(row, alone.astype(np.float32))
+
+
 def test_q1_the_config_section_picks_the_model(tmp_path: Path) -> None:
     assert isinstance(from_config(Config().embedding.model), WordLlamaEmbedder)
     config = parse_config(
