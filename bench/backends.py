@@ -33,7 +33,7 @@ baseline. Both sides' settings, as each reports them, are in the JSON line.
     ``append_conc_ratio_vs_psycopg_pool`` compares the two on the same number of server
     connections. (PostgreSQL flushes the WAL once for every commit waiting at that moment,
     so 8 connections committing a row each already share fsyncs: 2.2 to 2.3 commits a WAL
-    fsync here, from ``pg_stat_io``, against one a batch of 2.6 to 3.5 appends for fermix.)
+    fsync here, from ``pg_stat_io``, where fermix fsyncs once a batch of 2.6 to 3.5.)
 (b) **Writer processes**: 1, 2 and 4 spawned processes, each with its own ``Database`` /
     ``PgDatabase`` on the same store, each appending to its own 8 conversations one after
     another for a fixed time (10 s; ``--quick``: 3 s) once all are ready; total

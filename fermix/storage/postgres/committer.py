@@ -78,8 +78,9 @@ already share fsyncs, 2.2 to 2.3 commits a WAL fsync (``pg_stat_io``, three roun
 appends), where fermix's 2 lanes fsync once a batch of 2.6 to 3.5. On as many connections as
 fermix's lanes (a ``psycopg_pool`` pool of 2 shared by the 8 threads, a connection taken for
 each row: bench/backends.py's second baseline), fermix stored 1.40 to 1.53 times as many
-messages a second as plain psycopg (2,860 to 3,300 against 1,950 to 2,200), and 1.18 to 1.30
-times as many as psycopg on a pool of 4.
+messages a second as plain psycopg in alternated rounds (2,860 to 3,300 against 1,950 to
+2,200), 1.34 to 1.43 in four full runs of the benchmark, and 1.18 to 1.30 times as many as
+psycopg on a pool of 4.
 
 An error of a run (a constraint, a value PostgreSQL cannot hold) fails it whole: the batch
 runs again unit by unit in savepoints, as for any unit's error, so the error reaches its
